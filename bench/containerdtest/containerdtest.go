@@ -1,0 +1,379 @@
+// Package containerdtest runs a throwaway containerd daemon for tests and
+// benchmarks, so that they can make a real containerd pull an image through a
+// registry mirror configured by a hosts.toml file.
+//
+// The daemon is the one installed on the machine (containerd and ctr on
+// PATH, run as root). It gets its own root, state directory, config and gRPC
+// socket, and only the plugins needed to store content are enabled.
+// Registry traffic is driven by ctr itself: `ctr content fetch` resolves and
+// downloads the image in the ctr process (that is where hosts.toml is read)
+// and writes the blobs into the daemon's content store.
+//
+// Behaviour of containerd/ctr 1.6 worth knowing:
+//
+//   - A mirror declared with an explicit "http://" URL in hosts.toml is
+//     contacted over plain HTTP; neither --plain-http nor skip_verify is
+//     needed. --plain-http only changes the scheme of the default/fallback
+//     host (the one used when hosts.toml has no `server`).
+//   - Requests sent to a mirror carry "?ns=<upstream host>" (for example
+//     ?ns=registry.invalid%3A5000), which tells the mirror which registry the
+//     repository belongs to.
+//   - Unix socket paths are limited to 107 bytes, and containerd also
+//     listens on "<socket>.ttrpc"; Start moves the socket to a short
+//     temporary directory when dir is too long.
+package containerdtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Namespace is the containerd namespace used by every ctr invocation.
+const Namespace = "pullproxytest"
+
+// tailBytes is how much of a log or command output is quoted in errors.
+const tailBytes = 2048
+
+// stopGrace is how long Stop waits after SIGTERM before sending SIGKILL.
+const stopGrace = 5 * time.Second
+
+// maxSocketPath is the longest socket path used in place; longer paths are
+// moved to a short temporary directory. The kernel limit is 107 bytes and
+// containerd appends ".ttrpc" for its second socket.
+const maxSocketPath = 100
+
+// disabledPlugins are plugins that are not needed to fetch content and that
+// are slow, noisy, need privileges or write outside the daemon's root in a
+// sandbox. Names of plugins absent from a given containerd build are ignored.
+var disabledPlugins = []string{
+	"io.containerd.grpc.v1.cri",
+	"io.containerd.internal.v1.opt", // creates /opt/containerd
+	"io.containerd.internal.v1.restart",
+	"io.containerd.internal.v1.tracing",
+	"io.containerd.tracing.processor.v1.otlp",
+	"io.containerd.monitor.v1.cgroups",
+	"io.containerd.runtime.v1.linux",
+	"io.containerd.runtime.v2.task",
+	"io.containerd.service.v1.tasks-service",
+	"io.containerd.grpc.v1.tasks",
+	"io.containerd.snapshotter.v1.aufs",
+	"io.containerd.snapshotter.v1.blockfile",
+	"io.containerd.snapshotter.v1.btrfs",
+	"io.containerd.snapshotter.v1.devmapper",
+	"io.containerd.snapshotter.v1.overlayfs",
+	"io.containerd.snapshotter.v1.zfs",
+	"io.containerd.nri.v1.nri",
+}
+
+// Available reports whether containerd and ctr are on PATH and the process
+// runs as root. If not, reason says why in one line.
+func Available() (ok bool, reason string) {
+	for _, bin := range []string{"containerd", "ctr"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			return false, fmt.Sprintf("%s not found on PATH", bin)
+		}
+	}
+	if os.Geteuid() != 0 {
+		return false, "containerd needs root (euid is not 0)"
+	}
+	return true, ""
+}
+
+// Daemon is a containerd process with its own root, state, config and gRPC
+// socket under a directory. Create it with Start and release it with Stop.
+type Daemon struct {
+	dir     string
+	socket  string
+	sockDir string // short temporary directory holding socket, removed by Stop
+	logPath string
+
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed once cmd.Wait has returned
+	waitErr error         // result of cmd.Wait, valid after exited is closed
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start launches containerd with a minimal config under dir, which must
+// exist, and waits until the daemon answers `ctr version` or ctx ends.
+// The config is written to dir/config.toml, the daemon's log to
+// dir/containerd.log, and its root and state to dir/root and dir/state.
+//
+// The daemon outlives ctx; call Stop to terminate it. It is also killed if
+// the calling process dies (Linux).
+func Start(ctx context.Context, dir string) (*Daemon, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("containerdtest: resolving daemon dir: %w", err)
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("containerdtest: daemon dir: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("containerdtest: daemon dir %s is not a directory", dir)
+	}
+
+	d := &Daemon{
+		dir:     dir,
+		socket:  filepath.Join(dir, "containerd.sock"),
+		logPath: filepath.Join(dir, "containerd.log"),
+		exited:  make(chan struct{}),
+	}
+	if len(d.socket)+len(".ttrpc") > maxSocketPath {
+		d.sockDir, err = os.MkdirTemp("", "ctrd")
+		if err != nil {
+			return nil, fmt.Errorf("containerdtest: creating socket dir: %w", err)
+		}
+		d.socket = filepath.Join(d.sockDir, "c.sock")
+		if len(d.socket)+len(".ttrpc") > maxSocketPath {
+			_ = os.RemoveAll(d.sockDir)
+			return nil, fmt.Errorf("containerdtest: socket path %s too long even in TMPDIR", d.socket)
+		}
+	}
+
+	if err := d.start(ctx); err != nil {
+		_ = d.Stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) start(ctx context.Context) error {
+	configPath := filepath.Join(d.dir, "config.toml")
+	if err := os.WriteFile(configPath, []byte(d.config()), 0o644); err != nil {
+		return fmt.Errorf("containerdtest: writing config: %w", err)
+	}
+	logFile, err := os.OpenFile(d.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("containerdtest: creating log file: %w", err)
+	}
+	defer logFile.Close() // the child has its own copy of the descriptor
+
+	cmd := exec.Command("containerd", "--config", configPath)
+	cmd.Dir = d.dir
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		close(d.exited)
+		return fmt.Errorf("containerdtest: starting containerd: %w", err)
+	}
+	d.cmd = cmd
+	go func() {
+		d.waitErr = cmd.Wait()
+		close(d.exited)
+	}()
+
+	if err := d.waitReady(ctx); err != nil {
+		return fmt.Errorf("containerdtest: waiting for containerd on %s: %w%s", d.socket, err, d.logTail())
+	}
+	return nil
+}
+
+// config returns containerd's configuration: everything under d.dir (or
+// the short socket directory), no CRI, no runtimes, only the native
+// snapshotter, and no debug or metrics listeners.
+func (d *Daemon) config() string {
+	quoted := make([]string, len(disabledPlugins))
+	for i, p := range disabledPlugins {
+		quoted[i] = fmt.Sprintf("%q", p)
+	}
+	return fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = [%s]
+
+[grpc]
+  address = %q
+
+[debug]
+  address = ""
+  level = "info"
+
+[metrics]
+  address = ""
+`, filepath.Join(d.dir, "root"), filepath.Join(d.dir, "state"),
+		strings.Join(quoted, ", "), d.socket)
+}
+
+// waitReady polls until the gRPC socket accepts connections and `ctr
+// version` succeeds, the daemon exits, or ctx ends.
+func (d *Daemon) waitReady(ctx context.Context) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	var lastErr error
+	for {
+		var dialer net.Dialer
+		conn, err := dialer.DialContext(ctx, "unix", d.socket)
+		if err == nil {
+			conn.Close()
+			attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, err = d.Ctr(attempt, "version")
+			cancel()
+			if err == nil {
+				return nil
+			}
+		}
+		lastErr = err
+		select {
+		case <-d.exited:
+			return fmt.Errorf("containerd exited early: %v", d.waitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), lastErr)
+		case <-tick.C:
+		}
+	}
+}
+
+// Address returns the path of the daemon's gRPC socket, for ctr --address.
+func (d *Daemon) Address() string { return d.socket }
+
+// LogPath returns the path of the file receiving containerd's log.
+func (d *Daemon) LogPath() string { return d.logPath }
+
+// Stop terminates the daemon with SIGTERM, then SIGKILL if it has not exited
+// after a few seconds, waits for it and removes the temporary socket
+// directory, if any. It is safe to call more than once. An exit caused by
+// the signals is not an error.
+func (d *Daemon) Stop() error {
+	d.stopOnce.Do(func() {
+		d.stopErr = d.stop()
+		if d.sockDir != "" {
+			if err := os.RemoveAll(d.sockDir); err != nil && d.stopErr == nil {
+				d.stopErr = fmt.Errorf("containerdtest: removing socket dir: %w", err)
+			}
+		}
+	})
+	return d.stopErr
+}
+
+func (d *Daemon) stop() error {
+	if d.cmd == nil {
+		return nil
+	}
+	select {
+	case <-d.exited:
+		// Exited by itself: report why, since nobody asked it to.
+		if d.waitErr != nil {
+			return fmt.Errorf("containerdtest: containerd exited before Stop: %w%s", d.waitErr, d.logTail())
+		}
+		return nil
+	default:
+	}
+	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("containerdtest: sending SIGTERM to containerd: %w", err)
+	}
+	timer := time.NewTimer(stopGrace)
+	defer timer.Stop()
+	select {
+	case <-d.exited:
+		return nil
+	case <-timer.C:
+	}
+	if err := d.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("containerdtest: killing containerd: %w", err)
+	}
+	<-d.exited
+	return fmt.Errorf("containerdtest: containerd ignored SIGTERM for %v and was killed%s", stopGrace, d.logTail())
+}
+
+// WriteHostsDir writes <dir>/hosts/<host>/hosts.toml declaring mirrorURL
+// (for example "http://127.0.0.1:5000") as a mirror with the pull and
+// resolve capabilities for the registry host (which may include a port),
+// with "https://"+host as the fallback server. It returns the hosts
+// directory to pass to ContentFetch.
+func (d *Daemon) WriteHostsDir(host, mirrorURL string) (string, error) {
+	if host == "" || strings.ContainsAny(host, "/\\") {
+		return "", fmt.Errorf("containerdtest: invalid registry host %q", host)
+	}
+	hostsDir := filepath.Join(d.dir, "hosts")
+	hostDir := filepath.Join(hostsDir, host)
+	if err := os.MkdirAll(hostDir, 0o755); err != nil {
+		return "", fmt.Errorf("containerdtest: creating hosts dir for %s: %w", host, err)
+	}
+	content := fmt.Sprintf(`server = %q
+
+[host.%q]
+  capabilities = ["pull", "resolve"]
+`, "https://"+host, mirrorURL)
+	if err := os.WriteFile(filepath.Join(hostDir, "hosts.toml"), []byte(content), 0o644); err != nil {
+		return "", fmt.Errorf("containerdtest: writing hosts.toml for %s: %w", host, err)
+	}
+	return hostsDir, nil
+}
+
+// ContentFetch runs `ctr content fetch --hosts-dir hostsDir ref` against the
+// daemon and returns ctr's combined output. Plain-http mirrors need no extra
+// flag as long as hosts.toml spells their URL with "http://".
+func (d *Daemon) ContentFetch(ctx context.Context, hostsDir, ref string) ([]byte, error) {
+	return d.Ctr(ctx, "content", "fetch", "--hosts-dir", hostsDir, ref)
+}
+
+// ContentDigests lists the digests in the daemon's content store (in
+// Namespace), as printed by `ctr content ls -q`.
+func (d *Daemon) ContentDigests(ctx context.Context) ([]string, error) {
+	out, err := d.Ctr(ctx, "content", "ls", "--quiet")
+	if err != nil {
+		return nil, err
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// Ctr runs ctr with the given arguments against the daemon, in Namespace,
+// and returns its combined output. Tests and benchmarks can use it for
+// anything the helpers do not cover, such as removing images and content
+// between iterations. On failure the error quotes the tail of the output.
+func (d *Daemon) Ctr(ctx context.Context, args ...string) ([]byte, error) {
+	full := append([]string{"--address", d.socket, "--namespace", Namespace}, args...)
+	cmd := exec.CommandContext(ctx, "ctr", full...)
+	cmd.WaitDelay = time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+		return out, fmt.Errorf("containerdtest: ctr %s: %w%s", strings.Join(args, " "), err, quoteTail("output", out))
+	}
+	return out, nil
+}
+
+// logTail returns the end of containerd's log formatted for an error.
+func (d *Daemon) logTail() string {
+	f, err := os.Open(d.logPath)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return ""
+	}
+	off := max(fi.Size()-tailBytes, 0)
+	buf := make([]byte, fi.Size()-off)
+	n, _ := f.ReadAt(buf, off)
+	return quoteTail("containerd log "+d.logPath, buf[:n])
+}
+
+// quoteTail formats the last tailBytes of b, labelled, for an error message.
+func quoteTail(label string, b []byte) string {
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 {
+		return ""
+	}
+	prefix := ""
+	if len(b) > tailBytes {
+		b = b[len(b)-tailBytes:]
+		prefix = "..."
+	}
+	return fmt.Sprintf("\n--- %s (tail) ---\n%s%s", label, prefix, b)
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// fileConfig is the YAML configuration file. Every field is optional; the
+// README documents it with an example.
+type fileConfig struct {
+	Listen          string           `yaml:"listen"`
+	DataDir         string           `yaml:"data_dir"`
+	LogLevel        string           `yaml:"log_level"`
+	LogFormat       string           `yaml:"log_format"`
+	TagTTL          *time.Duration   `yaml:"tag_ttl"`
+	FetchTimeout    *time.Duration   `yaml:"fetch_timeout"`
+	DefaultUpstream string           `yaml:"default_upstream"`
+	Upstreams       []upstreamConfig `yaml:"upstreams"`
+}
+
+type upstreamConfig struct {
+	Name      string           `yaml:"name"`
+	Endpoints []endpointConfig `yaml:"endpoints"`
+}
+
+type endpointConfig struct {
+	URL string `yaml:"url"`
+}
+
+// defaultConfig is what pullproxy runs with when nothing is configured.
+func defaultConfig() fileConfig {
+	ttl, timeout := 5*time.Minute, time.Hour
+	return fileConfig{
+		Listen:       "127.0.0.1:5000",
+		DataDir:      "./data",
+		LogLevel:     "info",
+		LogFormat:    "text",
+		TagTTL:       &ttl,
+		FetchTimeout: &timeout,
+	}
+}
+
+// loadConfigFile reads path over cfg. Unknown keys are errors: a misspelt key
+// silently ignored is a mirror silently misconfigured.
+func loadConfigFile(path string, cfg *fileConfig) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	return nil
+}
+
+// parseUpstreamFlag parses --upstream NAME=URL[,URL...].
+func parseUpstreamFlag(v string) (upstreamConfig, error) {
+	name, urls, ok := strings.Cut(v, "=")
+	if !ok || name == "" || urls == "" {
+		return upstreamConfig{}, fmt.Errorf("--upstream %q: want NAME=URL[,URL...], e.g. docker.io=https://registry-1.docker.io", v)
+	}
+	u := upstreamConfig{Name: name}
+	for _, url := range strings.Split(urls, ",") {
+		u.Endpoints = append(u.Endpoints, endpointConfig{URL: strings.TrimSpace(url)})
+	}
+	return u, nil
+}
+
+// mergeUpstreams applies --upstream flags over the file's upstreams: a flag
+// replaces the endpoints of the upstream of the same name, or adds one.
+func mergeUpstreams(file, flags []upstreamConfig) []upstreamConfig {
+	out := append([]upstreamConfig(nil), file...)
+	for _, f := range flags {
+		replaced := false
+		for i := range out {
+			if upstream.CanonicalName(out[i].Name) == upstream.CanonicalName(f.Name) {
+				out[i].Endpoints, replaced = f.Endpoints, true
+			}
+		}
+		if !replaced {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// withDefaultUpstreams fills in the public registries when none are configured.
+func withDefaultUpstreams(ups []upstreamConfig) []upstreamConfig {
+	if len(ups) > 0 {
+		return ups
+	}
+	for _, d := range upstream.Defaults() {
+		ups = append(ups, upstreamConfig{Name: d.Name, Endpoints: []endpointConfig{{URL: d.URL}}})
+	}
+	return ups
+}
+
+func (c *fileConfig) validate() error {
+	var errs []error
+	seen := map[string]bool{}
+	for i, u := range c.Upstreams {
+		name := upstream.CanonicalName(u.Name)
+		switch {
+		case u.Name == "":
+			errs = append(errs, fmt.Errorf("upstreams[%d]: no name", i))
+		case seen[name]:
+			errs = append(errs, fmt.Errorf("upstreams[%d]: %s is configured twice", i, u.Name))
+		case len(u.Endpoints) == 0:
+			errs = append(errs, fmt.Errorf("upstream %s: no endpoints", u.Name))
+		}
+		seen[name] = true
+	}
+	if c.DefaultUpstream != "" && !seen[upstream.CanonicalName(c.DefaultUpstream)] {
+		errs = append(errs, fmt.Errorf("default_upstream %s is not among the upstreams", c.DefaultUpstream))
+	}
+	if c.TagTTL != nil && *c.TagTTL < 0 {
+		errs = append(errs, fmt.Errorf("tag_ttl %v is negative", *c.TagTTL))
+	}
+	if c.FetchTimeout != nil && *c.FetchTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("fetch_timeout %v is not positive", *c.FetchTimeout))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,212 @@
+// Command pullproxy is an OCI pull-through mirror for containerd, CRI-O and
+// Docker. See README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/pullproxy/pullproxy/proxy"
+	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// version is set at link time: -ldflags "-X main.version=…".
+var version = "dev"
+
+const usage = `pullproxy: an OCI pull-through mirror
+
+Usage:
+  pullproxy serve [flags]   run the mirror
+  pullproxy version         print the version
+
+Run "pullproxy serve -h" for serve's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "pullproxy:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("no command given")
+	}
+	switch args[0] {
+	case "serve":
+		return serve(ctx, args[1:], stderr)
+	case "version", "--version", "-version":
+		fmt.Fprintln(stdout, "pullproxy", version)
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+// upstreamFlags collects repeated --upstream flags.
+type upstreamFlags []upstreamConfig
+
+func (f *upstreamFlags) String() string { return "" }
+func (f *upstreamFlags) Set(v string) error {
+	u, err := parseUpstreamFlag(v)
+	if err != nil {
+		return err
+	}
+	*f = append(*f, u)
+	return nil
+}
+
+// serveConfig reads the configuration: defaults, then the file, then flags.
+func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "", "address to serve the registry API on (default 127.0.0.1:5000)")
+	dataDir := fs.String("data-dir", "", "directory for blobs and metadata (default ./data)")
+	configPath := fs.String("config", "", "YAML configuration file")
+	logLevel := fs.String("log-level", "", "debug, info, warn or error (default info)")
+	var ups upstreamFlags
+	fs.Var(&ups, "upstream", "NAME=URL[,URL...]: mirror registry NAME from these endpoints (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return fileConfig{}, err
+	}
+	if fs.NArg() > 0 {
+		return fileConfig{}, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
+	}
+	cfg := defaultConfig()
+	if *configPath != "" {
+		if err := loadConfigFile(*configPath, &cfg); err != nil {
+			return cfg, err
+		}
+	}
+	if *listen != "" {
+		cfg.Listen = *listen
+	}
+	if *dataDir != "" {
+		cfg.DataDir = *dataDir
+	}
+	if *logLevel != "" {
+		cfg.LogLevel = *logLevel
+	}
+	cfg.Upstreams = withDefaultUpstreams(mergeUpstreams(cfg.Upstreams, ups))
+	return cfg, cfg.validate()
+}
+
+func newLogger(cfg fileConfig, w io.Writer) (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", cfg.LogLevel)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	switch strings.ToLower(cfg.LogFormat) {
+	case "", "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want text or json", cfg.LogFormat)
+}
+
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	cfg, err := serveConfig(args, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	upMetrics, err := upstream.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+
+	store, err := storage.Open(ctx, cfg.DataDir, storage.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	opts := []proxy.Option{
+		proxy.WithStore(store),
+		proxy.WithLogger(log),
+		proxy.WithMetricsRegistry(reg),
+		proxy.WithTagTTL(*cfg.TagTTL),
+		proxy.WithFetchTimeout(*cfg.FetchTimeout),
+	}
+	if cfg.DefaultUpstream != "" {
+		opts = append(opts, proxy.WithDefaultUpstream(cfg.DefaultUpstream))
+	}
+	transport := upstream.NewTransport()
+	var names []string
+	for _, u := range cfg.Upstreams {
+		var urls []string
+		for _, e := range u.Endpoints {
+			urls = append(urls, e.URL)
+		}
+		r, err := upstream.New(u.Name, urls, upstream.WithLogger(log), upstream.WithMetrics(upMetrics),
+			upstream.WithTransport(transport))
+		if err != nil {
+			return err
+		}
+		opts = append(opts, proxy.WithUpstream(r))
+		names = append(names, u.Name+"="+strings.Join(urls, ","))
+	}
+	srv, err := proxy.New(opts...)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
+	}
+	httpSrv := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("pullproxy serving", "version", version, "addr", ln.Addr().String(), "data_dir", cfg.DataDir,
+		"upstreams", names)
+
+	errc := make(chan error, 1)
+	go func() { errc <- httpSrv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := httpSrv.Shutdown(shutdownCtx); err != nil {
+		log.Warn("connections still open at shutdown were closed", "err", err)
+	}
+	return nil
+}

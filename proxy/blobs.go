@@ -1,0 +1,191 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/storage"
+)
+
+// serveBlob answers HEAD and GET of a blob: from the store when it holds the
+// blob, else from its download, which this request starts or joins.
+func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
+	ctx := r.Context()
+	d := digest.Digest(rt.ref) // validated by resolve
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Docker-Content-Digest", d.String())
+	h.Set("Etag", `"`+d.String()+`"`)
+	h.Set("Accept-Ranges", "bytes")
+
+	// Twice at most: a download may commit between the lookup and the join.
+	for range 2 {
+		f, _, err := s.store.OpenBlob(ctx, d)
+		if err == nil {
+			setSource(w, "cache")
+			http.ServeContent(w, r, "", time.Time{}, f)
+			f.Close()
+			if err := s.store.Touch(ctx, d); err != nil {
+				s.log.Warn("recording blob access", "digest", d, "err", err)
+			}
+			return
+		}
+		if !errors.Is(err, storage.ErrNotFound) {
+			s.fail(w, r, rt, err)
+			return
+		}
+		if r.Method == http.MethodHead {
+			s.headBlob(w, r, rt, d)
+			return
+		}
+		p, err := s.downloads.join(ctx, rt, d)
+		if errors.Is(err, errStored) {
+			continue
+		}
+		if err != nil {
+			s.fail(w, r, rt, err)
+			return
+		}
+		setSource(w, "download")
+		s.serveDownload(w, r, rt, p)
+		return
+	}
+	s.fail(w, r, rt, fmt.Errorf("blob %s: committed but not readable", d))
+}
+
+// headBlob answers a HEAD for a blob not in the store without downloading it.
+func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d digest.Digest) {
+	var size int64
+	var err error
+	if p := s.downloads.lookup(d); p != nil {
+		size, err = p.WaitSize(r.Context())
+	} else {
+		size, err = rt.up.HeadBlob(r.Context(), rt.repo, d)
+	}
+	if err != nil {
+		s.fail(w, r, rt, err)
+		return
+	}
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.WriteHeader(http.StatusOK)
+}
+
+// serveDownload streams a blob from its download as its bytes land. Headers
+// and Content-Length go out once the size is known; if the download then
+// fails, the response ends short with a clean close, and the client resumes
+// with a Range request that joins or starts the next download.
+func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route, p *storage.Partial) {
+	ctx := r.Context()
+	size, err := p.WaitSize(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			s.fail(w, r, rt, err)
+		}
+		return
+	}
+	start, end, ok := parseRange(r.Header.Get("Range"), size)
+	h := w.Header()
+	if !ok {
+		h.Set("Content-Range", "bytes */"+strconv.FormatInt(size, 10))
+		writeError(w, r, &ociError{status: http.StatusRequestedRangeNotSatisfiable, code: "BLOB_UNKNOWN",
+			message: fmt.Sprintf("range %q is outside the blob's %d bytes", r.Header.Get("Range"), size)})
+		return
+	}
+	status := http.StatusOK
+	if start != 0 || end != size {
+		status = http.StatusPartialContent
+		h.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, end-1, size))
+	}
+	h.Set("Content-Length", strconv.FormatInt(end-start, 10))
+
+	// Open before committing to a status, so a failure here is still an error response.
+	f, err := p.Open()
+	if err != nil {
+		s.fail(w, r, rt, err)
+		return
+	}
+	defer f.Close()
+	w.WriteHeader(status)
+	if err := copyAvailable(ctx, w, f, p, start, end); err != nil && ctx.Err() == nil {
+		// Returning with fewer bytes written than Content-Length makes
+		// net/http close the connection: a FIN, which containerd resumes
+		// from, not a reset, which fails its whole pull.
+		s.log.Warn("blob response ended short: the download failed", "digest", p.Digest(),
+			"upstream", rt.up.Name(), "err", err)
+	}
+}
+
+// copyAvailable copies [start, end) of the download to w, waiting for bytes
+// as they land. Copying from the *os.File lets net/http use sendfile.
+func copyAvailable(ctx context.Context, w io.Writer, f *os.File, p *storage.Partial, start, end int64) error {
+	for off := start; off < end; {
+		n, err := p.WaitAvailable(ctx, off)
+		if err != nil {
+			return err
+		}
+		n = min(n, end-off)
+		if _, err := f.Seek(off, io.SeekStart); err != nil {
+			return err
+		}
+		copied, err := io.CopyN(w, f, n)
+		off += copied
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parseRange interprets a single-range Range header against a blob of size
+// bytes, returning the half-open span to send. No header, a malformed one, or
+// several ranges select the whole blob (a server may ignore Range); ok is
+// false only for a well-formed range that lies outside the blob.
+func parseRange(header string, size int64) (start, end int64, ok bool) {
+	spec, found := strings.CutPrefix(header, "bytes=")
+	if !found || strings.Contains(spec, ",") {
+		return 0, size, true
+	}
+	first, last, found := strings.Cut(strings.TrimSpace(spec), "-")
+	if !found {
+		return 0, size, true
+	}
+	if first == "" { // suffix: the last N bytes
+		n, err := strconv.ParseInt(last, 10, 64)
+		if err != nil || n < 0 {
+			return 0, size, true
+		}
+		if n == 0 {
+			return 0, 0, false
+		}
+		return max(size-n, 0), size, true
+	}
+	a, err := strconv.ParseInt(first, 10, 64)
+	if err != nil || a < 0 {
+		return 0, size, true
+	}
+	b := size - 1
+	if last != "" {
+		if b, err = strconv.ParseInt(last, 10, 64); err != nil || b < a {
+			return 0, size, true
+		}
+	}
+	if a >= size {
+		return 0, 0, false
+	}
+	return a, min(b, size-1) + 1, true
+}
+
+func setSource(w http.ResponseWriter, source string) {
+	if rw, ok := w.(*responseRecorder); ok {
+		rw.source = source
+	}
+}

@@ -1,0 +1,266 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestColdBlobFetchedOnce: twenty clients asking for one cold blob at once
+// cause one upstream fetch, and all of them get the verified bytes.
+func TestColdBlobFetchedOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	img := e.push("test/app", "v1", 4<<20, 1)
+	layer, want := layerDigest(t, img, 0)
+
+	const clients = 20
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := http.Get(e.proxy.URL + "/v2/test/app/blobs/" + layer.String() + "?ns=" + upstreamName)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer resp.Body.Close()
+			got, err := io.ReadAll(resp.Body)
+			if err != nil || !bytes.Equal(got, want) {
+				errs <- fmt.Errorf("status %d, %d bytes, err %v", resp.StatusCode, len(got), err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if n := e.counter.count("GET " + layer.String()); n != 1 {
+		t.Errorf("upstream GETs of the layer: got %d, want 1", n)
+	}
+}
+
+// TestTagServedStaleWhenUpstreamFails: with the tag due for revalidation and
+// the upstream down, the cached digest is served, logged and counted.
+func TestTagServedStaleWhenUpstreamFails(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, WithTagTTL(0))
+	img := e.push("test/app", "v1", 1000, 1)
+	want, _ := img.Digest()
+	path := "/v2/test/app/manifests/v1?ns=" + upstreamName
+	if resp, body := e.get("GET", path, nil); resp.StatusCode != 200 {
+		t.Fatalf("warm-up: status %d: %s", resp.StatusCode, body)
+	}
+	e.counter.down.Store(true)
+	for _, method := range []string{"HEAD", "GET"} {
+		resp, body := e.get(method, path, nil)
+		if resp.StatusCode != 200 || resp.Header.Get("Docker-Content-Digest") != want.String() {
+			t.Errorf("%s with upstream down: status %d, digest %q, want 200 and %s: %s",
+				method, resp.StatusCode, resp.Header.Get("Docker-Content-Digest"), want, body)
+		}
+	}
+	if got := testutil.ToFloat64(e.srv.metrics.staleTags.WithLabelValues(upstreamName)); got != 2 {
+		t.Errorf("stale tags served: got %v, want 2", got)
+	}
+}
+
+// TestFreshTagNotRevalidated: within the TTL a tag is answered from cache
+// without asking upstream.
+func TestFreshTagNotRevalidated(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, WithTagTTL(time.Hour))
+	e.push("test/app", "v1", 1000, 1)
+	path := "/v2/test/app/manifests/v1?ns=" + upstreamName
+	e.get("HEAD", path, nil)
+	before := e.counter.count("HEAD manifests") + e.counter.count("GET manifests")
+	for range 3 {
+		if resp, _ := e.get("HEAD", path, nil); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if after := e.counter.count("HEAD manifests") + e.counter.count("GET manifests"); after != before {
+		t.Errorf("upstream manifest requests went from %d to %d within the TTL", before, after)
+	}
+}
+
+// TestRestartServesFromDisk: after a restart on the same data dir, with the
+// upstream gone, everything pulled before is still served.
+func TestRestartServesFromDisk(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, WithTagTTL(time.Hour))
+	img := e.push("test/app", "v1", 100_000, 2)
+	layer, want := layerDigest(t, img, 1)
+	tag := "/v2/test/app/manifests/v1?ns=" + upstreamName
+	blob := "/v2/test/app/blobs/" + layer.String() + "?ns=" + upstreamName
+	e.get("GET", tag, nil)
+	e.get("GET", blob, nil)
+
+	e.stop()
+	e.upstream.Close()
+	e.start(e.upstream.URL, WithTagTTL(time.Hour))
+	if resp, body := e.get("GET", tag, nil); resp.StatusCode != 200 {
+		t.Errorf("tag after restart: status %d: %s", resp.StatusCode, body)
+	}
+	if resp, body := e.get("GET", blob, nil); resp.StatusCode != 200 || !bytes.Equal(body, want) {
+		t.Errorf("blob after restart: status %d, %d bytes", resp.StatusCode, len(body))
+	}
+}
+
+// blobServer is an upstream serving one blob, with faults: it cuts every
+// response after cut bytes, fails every request after failAfter ones, or
+// serves corrupt bytes.
+type blobServer struct {
+	content   []byte
+	digest    digest.Digest
+	cut       int64 // bytes per response before the connection is dropped; 0: none
+	failAfter int64 // requests answered before every further one gets 500; 0: none
+	corrupt   bool
+	requests  atomic.Int64
+}
+
+func newBlobServer(t *testing.T, content []byte) (*blobServer, *httptest.Server) {
+	b := &blobServer{content: content, digest: digest.FromBytes(content)}
+	srv := httptest.NewServer(b)
+	t.Cleanup(srv.Close)
+	return b, srv
+}
+
+func (b *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := b.requests.Add(1)
+	if b.failAfter > 0 && n > b.failAfter {
+		http.Error(w, "broken", http.StatusInternalServerError)
+		return
+	}
+	content := b.content
+	if b.corrupt {
+		content = bytes.Clone(content)
+		content[len(content)/2] ^= 0xff
+	}
+	var out io.Writer = w
+	if b.cut > 0 {
+		out = &cutWriter{w: w, left: b.cut}
+	}
+	w.Header().Set("Docker-Content-Digest", b.digest.String())
+	http.ServeContent(writerFunc{w, out}, r, "", time.Time{}, bytes.NewReader(content))
+}
+
+// cutWriter aborts the response once left bytes are written.
+type cutWriter struct {
+	w    io.Writer
+	left int64
+}
+
+func (c *cutWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > c.left {
+		c.w.Write(p[:c.left])
+		c.w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}
+	c.left -= int64(len(p))
+	return c.w.Write(p)
+}
+
+type writerFunc struct {
+	http.ResponseWriter
+	out io.Writer
+}
+
+func (w writerFunc) Write(p []byte) (int, error) { return w.out.Write(p) }
+
+func blobEnv(t *testing.T, b *blobServer, srv *httptest.Server) *env {
+	e := &env{t: t, dir: t.TempDir(), upstream: srv, counter: &counter{counts: map[string]int{}}}
+	e.start(srv.URL)
+	return e
+}
+
+// TestFetchResumesAfterCuts: an upstream that drops every connection after
+// 256 KiB still yields the whole blob, fetched by resuming with Range.
+func TestFetchResumesAfterCuts(t *testing.T) {
+	t.Parallel()
+	content := randomBytes(t, 3<<20)
+	b, srv := newBlobServer(t, content)
+	b.cut = 256 << 10
+	e := blobEnv(t, b, srv)
+	resp, body := e.get("GET", "/v2/test/app/blobs/"+b.digest.String()+"?ns="+upstreamName, nil)
+	if resp.StatusCode != 200 || !bytes.Equal(body, content) {
+		t.Fatalf("status %d, %d bytes of %d", resp.StatusCode, len(body), len(content))
+	}
+	if n := b.requests.Load(); n < 12 {
+		t.Errorf("upstream requests: got %d, want at least 12 for 3 MiB cut every 256 KiB", n)
+	}
+}
+
+// TestFailedFetchEndsResponseCleanly: when the upstream fails for good in the
+// middle of a blob, the client's response ends short with a clean close
+// (unexpected EOF, which containerd resumes from), never a reset; and the
+// next request starts a fresh download.
+func TestFailedFetchEndsResponseCleanly(t *testing.T) {
+	t.Parallel()
+	content := randomBytes(t, 2<<20)
+	b, srv := newBlobServer(t, content)
+	b.cut, b.failAfter = 512<<10, 1
+	e := blobEnv(t, b, srv)
+	url := e.proxy.URL + "/v2/test/app/blobs/" + b.digest.String() + "?ns=" + upstreamName
+
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("reading the body: got %v, want unexpected EOF (a clean close)", err)
+	}
+	if resp.ContentLength != int64(len(content)) || len(got) >= len(content) || !bytes.Equal(got, content[:len(got)]) {
+		t.Errorf("got %d correct-prefix bytes of Content-Length %d; want a short, correct prefix of %d",
+			len(got), resp.ContentLength, len(content))
+	}
+
+	b.cut, b.failAfter = 0, 0
+	if resp, body := e.get("GET", "/v2/test/app/blobs/"+b.digest.String()+"?ns="+upstreamName, nil); resp.StatusCode != 200 || !bytes.Equal(body, content) {
+		t.Errorf("retry after the upstream recovered: status %d, %d bytes", resp.StatusCode, len(body))
+	}
+}
+
+// TestCorruptBlobNeverCompleteNorCached: bytes that do not match their digest
+// are never delivered whole, and never cached.
+func TestCorruptBlobNeverCompleteNorCached(t *testing.T) {
+	t.Parallel()
+	content := randomBytes(t, 1<<20)
+	b, srv := newBlobServer(t, content)
+	b.corrupt = true
+	e := blobEnv(t, b, srv)
+	url := e.proxy.URL + "/v2/test/app/blobs/" + b.digest.String() + "?ns=" + upstreamName
+	for i := range 2 {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode == 200 {
+			t.Fatalf("request %d: got a complete 200 response of %d bytes for a corrupt blob", i, len(got))
+		}
+	}
+	if n := b.requests.Load(); n != 2 {
+		t.Errorf("upstream requests: got %d, want 2 (nothing cached)", n)
+	}
+	if _, err := e.store.StatBlob(context.Background(), b.digest); err == nil {
+		t.Error("the corrupt blob was stored")
+	}
+}

@@ -1,0 +1,212 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// upstreamName is the registry name the tests mirror.
+const upstreamName = "registry.test"
+
+// counter counts upstream requests by "METHOD kind", kind being manifests or
+// blobs, and by "METHOD ref" (a tag or digest), and can make the upstream fail.
+type counter struct {
+	next http.Handler
+	down atomic.Bool // answer 503 to everything
+
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if c.down.Load() {
+		http.Error(w, "down for the test", http.StatusServiceUnavailable)
+		return
+	}
+	kind := "other"
+	switch {
+	case strings.Contains(r.URL.Path, "/manifests/"):
+		kind = "manifests"
+	case strings.Contains(r.URL.Path, "/blobs/"):
+		kind = "blobs"
+	}
+	c.mu.Lock()
+	c.counts[r.Method+" "+kind]++
+	c.counts[r.Method+" "+path.Base(r.URL.Path)]++ // per digest or tag
+	c.mu.Unlock()
+	c.next.ServeHTTP(w, r)
+}
+
+func (c *counter) count(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.counts[key]
+}
+
+func (c *counter) reset() {
+	c.mu.Lock()
+	c.counts = map[string]int{}
+	c.mu.Unlock()
+}
+
+// env is an upstream registry, a store and a proxy in front of them.
+type env struct {
+	t        *testing.T
+	upstream *httptest.Server
+	counter  *counter
+	dir      string
+	store    *storage.Store
+	srv      *Server
+	proxy    *httptest.Server
+	registry *prometheus.Registry
+}
+
+// newEnv starts an in-process registry (go-containerregistry's) as the
+// upstream named upstreamName, and a proxy for it with opts added.
+func newEnv(t *testing.T, opts ...Option) *env {
+	t.Helper()
+	c := &counter{next: registry.New(registry.Logger(log.New(io.Discard, "", 0))), counts: map[string]int{}}
+	e := &env{t: t, counter: c, dir: t.TempDir()}
+	e.upstream = httptest.NewServer(c)
+	t.Cleanup(e.upstream.Close)
+	e.start(e.upstream.URL, opts...)
+	return e
+}
+
+// start opens the store and starts the proxy, as a (re)started process would.
+func (e *env) start(upstreamURL string, opts ...Option) {
+	e.t.Helper()
+	ctx := context.Background()
+	st, err := storage.Open(ctx, e.dir, storage.WithLogger(testLog(e.t)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	up, err := upstream.New(upstreamName, []string{upstreamURL}, upstream.WithLogger(testLog(e.t)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.registry = prometheus.NewRegistry()
+	all := append([]Option{WithStore(st), WithUpstream(up), WithLogger(testLog(e.t)), WithMetricsRegistry(e.registry)}, opts...)
+	srv, err := New(all...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.store, e.srv = st, srv
+	e.proxy = httptest.NewServer(srv)
+	e.t.Cleanup(e.stop)
+}
+
+// stop shuts the proxy down and closes the store; safe to call twice.
+func (e *env) stop() {
+	if e.proxy == nil {
+		return
+	}
+	e.proxy.Close()
+	e.srv.Close()
+	e.store.Close()
+	e.proxy = nil
+}
+
+// push writes a random image to the upstream as repo:tag.
+func (e *env) push(repo, tag string, layerSize int64, layers int64) v1.Image {
+	e.t.Helper()
+	img, err := random.Image(layerSize, layers)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ref, err := name.ParseReference(strings.TrimPrefix(e.upstream.URL, "http://")+"/"+repo+":"+tag, name.Insecure)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := remote.Write(ref, img); err != nil {
+		e.t.Fatal(err)
+	}
+	return img
+}
+
+// get sends a request to the proxy and returns the response with its body read.
+func (e *env) get(method, path string, header http.Header) (*http.Response, []byte) {
+	e.t.Helper()
+	req, err := http.NewRequest(method, e.proxy.URL+path, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		e.t.Fatalf("%s %s: reading body: %v", method, path, err)
+	}
+	return resp, body
+}
+
+func layerDigest(t *testing.T, img v1.Image, i int) (digest.Digest, []byte) {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := layers[i].Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := layers[i].Compressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return digest.Digest(h.String()), b
+}
+
+func randomBytes(t *testing.T, n int) []byte {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// testLog sends the proxy's log to the test's log, shown only on failure.
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(string(bytes.TrimRight(b, "\n")))
+	return len(b), nil
+}

@@ -1,0 +1,246 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"mime"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// Manifest media types pullproxy asks upstreams for when resolving a tag on
+// behalf of clients that accept them all, as containerd does. The answer is
+// then cached for every such client.
+const (
+	mediaTypeDockerManifest = "application/vnd.docker.distribution.manifest.v2+json"
+	mediaTypeDockerList     = "application/vnd.docker.distribution.manifest.list.v2+json"
+)
+
+var allManifestTypes = []string{
+	ocispec.MediaTypeImageIndex,
+	ocispec.MediaTypeImageManifest,
+	mediaTypeDockerList,
+	mediaTypeDockerManifest,
+}
+
+// upstreamTimeout bounds a manifest or tag lookup shared by several clients.
+const upstreamTimeout = 2 * time.Minute
+
+// serveManifest answers HEAD and GET of a manifest by tag or digest.
+func (s *Server) serveManifest(w http.ResponseWriter, r *http.Request, rt route) {
+	ctx := r.Context()
+	accept := parseAccept(r.Header.Values("Accept"))
+	var desc upstream.Descriptor
+	if d, err := digest.Parse(rt.ref); err == nil {
+		desc.Digest = d
+	} else if desc, err = s.resolveTag(ctx, rt, accept); err != nil {
+		s.fail(w, r, rt, err)
+		return
+	}
+	body, mediaType, err := s.manifestContent(ctx, rt, desc.Digest, accept)
+	if err != nil {
+		s.fail(w, r, rt, err)
+		return
+	}
+	if desc.MediaType != "" {
+		mediaType = desc.MediaType
+	}
+	h := w.Header()
+	h.Set("Content-Type", mediaType)
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Docker-Content-Digest", desc.Digest.String())
+	h.Set("Etag", `"`+desc.Digest.String()+`"`)
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		w.Write(body)
+	}
+}
+
+// resolveTag returns the manifest a tag points to: from the cache while it is
+// younger than the tag TTL, else revalidated upstream with a HEAD. When the
+// upstream cannot answer, the cached answer is served stale: during an outage
+// an old digest beats a failed pull.
+func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (upstream.Descriptor, error) {
+	name := rt.up.Name()
+	rec, err := s.store.Tag(ctx, name, rt.repo, rt.ref)
+	cached := err == nil && acceptable(rec.MediaType, accept)
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		s.log.Warn("reading tag cache", "err", err)
+	}
+	if cached && time.Since(rec.CheckedAt) < s.tagTTL {
+		return recDescriptor(rec), nil
+	}
+	if !acceptsAll(accept) && !cached {
+		// A client that accepts only some manifest types may get a different
+		// answer than the one cached for everybody: ask on its behalf, and
+		// cache the content by digest but not the tag.
+		return s.lookupTag(ctx, rt, accept)
+	}
+	v, err, _ := s.shared(ctx, "tag "+name+"/"+rt.repo+":"+rt.ref, func(ctx context.Context) (any, error) {
+		desc, err := s.lookupTag(ctx, rt, allManifestTypes)
+		if err != nil {
+			return nil, err
+		}
+		rec := storage.TagRecord{Digest: desc.Digest, MediaType: desc.MediaType, Size: desc.Size, CheckedAt: time.Now()}
+		if err := s.store.PutTag(ctx, name, rt.repo, rt.ref, rec); err != nil {
+			s.log.Warn("caching tag", "upstream", name, "repo", rt.repo, "tag", rt.ref, "err", err)
+		}
+		return desc, nil
+	})
+	if err == nil {
+		return v.(upstream.Descriptor), nil
+	}
+	if cached && !errors.Is(err, upstream.ErrNotFound) && ctx.Err() == nil {
+		s.metrics.staleTags.WithLabelValues(name).Inc()
+		s.log.Warn("upstream failed to revalidate tag: serving the cached digest",
+			"upstream", name, "repo", rt.repo, "tag", rt.ref, "digest", rec.Digest,
+			"age", time.Since(rec.CheckedAt).Round(time.Second), "err", err)
+		return recDescriptor(rec), nil
+	}
+	return upstream.Descriptor{}, err
+}
+
+// lookupTag asks the upstream what a tag points to, with a HEAD when the
+// upstream names the digest in it, else with a GET whose content is cached.
+func (s *Server) lookupTag(ctx context.Context, rt route, accept []string) (upstream.Descriptor, error) {
+	desc, err := rt.up.HeadManifest(ctx, rt.repo, rt.ref, accept)
+	if err == nil && desc.Digest != "" && desc.MediaType != "" {
+		return desc, nil
+	}
+	if err != nil && !errors.Is(err, upstream.ErrInvalid) {
+		return desc, err
+	}
+	desc, body, err := rt.up.GetManifest(ctx, rt.repo, rt.ref, accept)
+	if err != nil {
+		return desc, err
+	}
+	if desc.MediaType == "" || desc.MediaType == "application/json" || desc.MediaType == "text/plain" {
+		desc.MediaType = sniffMediaType(body)
+	}
+	return desc, s.putManifest(ctx, desc, body)
+}
+
+// manifestContent returns a manifest by digest, from the store or else from
+// upstream (verified against the digest, then stored).
+func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest, accept []string) ([]byte, string, error) {
+	if body, err := s.store.ReadBlob(ctx, d, upstream.MaxManifestSize); err == nil {
+		mediaType := ""
+		if rec, err := s.store.Blob(ctx, d); err == nil {
+			mediaType = rec.MediaType
+		}
+		if mediaType == "" {
+			mediaType = sniffMediaType(body)
+		}
+		return body, mediaType, nil
+	} else if !errors.Is(err, storage.ErrNotFound) {
+		return nil, "", err
+	}
+	type result struct {
+		body      []byte
+		mediaType string
+	}
+	v, err, _ := s.shared(ctx, "manifest "+d.String(), func(ctx context.Context) (any, error) {
+		// By digest the content is fixed whatever the Accept header says;
+		// asking for every type keeps registries from converting it.
+		desc, body, err := rt.up.GetManifest(ctx, rt.repo, d.String(), allManifestTypes)
+		if err != nil {
+			return nil, err
+		}
+		if desc.MediaType == "" || desc.MediaType == "application/json" || desc.MediaType == "text/plain" {
+			desc.MediaType = sniffMediaType(body)
+		}
+		if err := s.putManifest(ctx, desc, body); err != nil {
+			return nil, err
+		}
+		return result{body, desc.MediaType}, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	res := v.(result)
+	return res.body, res.mediaType, nil
+}
+
+func (s *Server) putManifest(ctx context.Context, desc upstream.Descriptor, body []byte) error {
+	if err := s.store.PutBlob(ctx, desc.Digest, body); err != nil {
+		return err
+	}
+	return s.store.SetMediaType(ctx, desc.Digest, desc.MediaType)
+}
+
+// shared runs fn once for all concurrent callers with the same key, on a
+// context of the server's: one caller hanging up does not fail the others.
+func (s *Server) shared(ctx context.Context, key string, fn func(context.Context) (any, error)) (any, error, bool) {
+	ch := s.resolving.DoChan(key, func() (any, error) {
+		fctx, cancel := context.WithTimeout(s.ctx, upstreamTimeout)
+		defer cancel()
+		return fn(fctx)
+	})
+	select {
+	case res := <-ch:
+		return res.Val, res.Err, res.Shared
+	case <-ctx.Done():
+		return nil, ctx.Err(), false
+	}
+}
+
+func recDescriptor(rec storage.TagRecord) upstream.Descriptor {
+	return upstream.Descriptor{Digest: rec.Digest, MediaType: rec.MediaType, Size: rec.Size}
+}
+
+// parseAccept flattens Accept headers into media types, dropping parameters.
+func parseAccept(values []string) []string {
+	var out []string
+	for _, v := range values {
+		for _, part := range strings.Split(v, ",") {
+			if mt, _, err := mime.ParseMediaType(strings.TrimSpace(part)); err == nil {
+				out = append(out, mt)
+			}
+		}
+	}
+	return out
+}
+
+// acceptsAll reports whether a client takes any manifest type: it sent no
+// Accept, */*, or every type we know.
+func acceptsAll(accept []string) bool {
+	if len(accept) == 0 || slices.Contains(accept, "*/*") {
+		return true
+	}
+	for _, mt := range allManifestTypes {
+		if !slices.Contains(accept, mt) {
+			return false
+		}
+	}
+	return true
+}
+
+func acceptable(mediaType string, accept []string) bool {
+	return len(accept) == 0 || slices.Contains(accept, "*/*") || slices.Contains(accept, mediaType)
+}
+
+// sniffMediaType reads a manifest's media type from its content, for
+// upstreams that send none.
+func sniffMediaType(body []byte) string {
+	var m struct {
+		MediaType string          `json:"mediaType"`
+		Manifests json.RawMessage `json:"manifests"`
+	}
+	if json.Unmarshal(body, &m) == nil && m.MediaType != "" {
+		return m.MediaType
+	}
+	if m.Manifests != nil {
+		return ocispec.MediaTypeImageIndex
+	}
+	return ocispec.MediaTypeImageManifest
+}

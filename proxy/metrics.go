@@ -1,0 +1,70 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	requests    *prometheus.CounterVec
+	servedBytes *prometheus.CounterVec
+	staleTags   *prometheus.CounterVec
+	fetches     *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pullproxy_http_requests_total",
+			Help: "Registry API requests served, by kind (manifests, blobs, ping, other), method and HTTP status.",
+		}, []string{"kind", "method", "code"}),
+		servedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pullproxy_blob_served_bytes_total",
+			Help: "Blob bytes sent to clients, by source: cache (a stored blob) or download (one in flight).",
+		}, []string{"source"}),
+		staleTags: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pullproxy_tag_stale_served_total",
+			Help: "Tags answered from a cached digest because revalidating it upstream failed.",
+		}, []string{"upstream"}),
+		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pullproxy_blob_fetches_total",
+			Help: "Upstream blob downloads finished, by upstream and result (committed, failed).",
+		}, []string{"upstream", "result"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.servedBytes, m.staleTags, m.fetches} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// responseRecorder notes the status and body size of a response. It passes
+// ReadFrom through so that serving a file still uses sendfile.
+type responseRecorder struct {
+	http.ResponseWriter
+	status  int
+	written int64
+	source  string // for blobs: "cache" or "download"
+}
+
+func (w *responseRecorder) WriteHeader(status int) {
+	w.status = status
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *responseRecorder) Write(b []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(b)
+	w.written += int64(n)
+	return n, err
+}
+
+func (w *responseRecorder) ReadFrom(src io.Reader) (int64, error) {
+	n, err := io.Copy(w.ResponseWriter, src)
+	w.written += n
+	return n, err
+}
+
+func (w *responseRecorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }

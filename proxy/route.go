@@ -1,0 +1,97 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+
+	"github.com/distribution/reference"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// Kinds of registry API request a route can carry.
+const (
+	kindManifest = "manifests"
+	kindBlob     = "blobs"
+)
+
+// route is a registry API request resolved to the upstream that serves it.
+type route struct {
+	up   Upstream
+	repo string // repository name at the upstream, normalized
+	kind string // kindManifest or kindBlob
+	ref  string // tag or digest
+}
+
+// tagPattern is the distribution spec's tag grammar.
+var tagPattern = regexp.MustCompile(`^[\w][\w.-]{0,127}$`)
+
+// parsePath splits "/v2/<name>/<kind>/<ref>" into its parts. The name may
+// itself contain "manifests" or "blobs" as a component, so the kind is read
+// from the end.
+func parsePath(path string) (name, kind, ref string, ok bool) {
+	rest, ok := strings.CutPrefix(path, "/v2/")
+	if !ok {
+		return "", "", "", false
+	}
+	i := strings.LastIndexByte(rest, '/')
+	if i <= 0 {
+		return "", "", "", false
+	}
+	ref = rest[i+1:]
+	j := strings.LastIndexByte(rest[:i], '/')
+	if j <= 0 {
+		return "", "", "", false
+	}
+	name, kind = rest[:j], rest[j+1:i]
+	if (kind != kindManifest && kind != kindBlob) || ref == "" {
+		return "", "", "", false
+	}
+	return name, kind, ref, true
+}
+
+// resolve picks the upstream for a request, in this order: containerd's ns
+// query parameter; a first path component naming a configured upstream
+// (CRI-O's mirror location "mirror:5000/docker.io"); the default upstream
+// (Docker's registry-mirrors). A request naming no configured upstream is
+// refused: pullproxy is not an open proxy.
+func (s *Server) resolve(r *http.Request) (route, error) {
+	name, kind, ref, ok := parsePath(r.URL.Path)
+	if !ok {
+		return route{}, errUnsupported(fmt.Sprintf("%s %s is not part of the registry API pullproxy serves", r.Method, r.URL.Path))
+	}
+	var up Upstream
+	if ns := r.URL.Query().Get("ns"); ns != "" {
+		up = s.upstreams[upstream.CanonicalName(ns)]
+		if up == nil {
+			return route{}, &ociError{status: http.StatusNotFound, code: "NAME_UNKNOWN",
+				message: fmt.Sprintf("pullproxy does not mirror %s: no upstream of that name is configured", ns)}
+		}
+	} else if first, rest, found := strings.Cut(name, "/"); found && s.upstreams[upstream.CanonicalName(first)] != nil {
+		up, name = s.upstreams[upstream.CanonicalName(first)], rest
+	} else if s.defaultUpstream != nil {
+		up = s.defaultUpstream
+	} else {
+		return route{}, &ociError{status: http.StatusNotFound, code: "NAME_UNKNOWN",
+			message: fmt.Sprintf("%s names no configured upstream and no default upstream is set", name)}
+	}
+	name = upstream.NormalizeRepository(up.Name(), name)
+	if _, err := reference.WithName(name); err != nil {
+		return route{}, &ociError{status: http.StatusBadRequest, code: "NAME_INVALID",
+			message: fmt.Sprintf("invalid repository name %q: %v", name, err)}
+	}
+	switch {
+	case kind == kindBlob || strings.Contains(ref, ":"):
+		if _, err := digest.Parse(ref); err != nil {
+			return route{}, &ociError{status: http.StatusBadRequest, code: "DIGEST_INVALID",
+				message: fmt.Sprintf("invalid digest %q: %v", ref, err)}
+		}
+	case !tagPattern.MatchString(ref):
+		return route{}, &ociError{status: http.StatusBadRequest, code: "MANIFEST_INVALID",
+			message: fmt.Sprintf("invalid tag %q", ref)}
+	}
+	return route{up: up, repo: name, kind: kind, ref: ref}, nil
+}

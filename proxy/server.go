@@ -1,0 +1,266 @@
+// Package proxy serves the read side of the OCI distribution API from the
+// local store, filling it from upstream registries on a miss.
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// Upstream is a registry pullproxy mirrors. *upstream.Registry implements it.
+type Upstream interface {
+	Name() string
+	HeadManifest(ctx context.Context, repo, ref string, accept []string) (upstream.Descriptor, error)
+	GetManifest(ctx context.Context, repo, ref string, accept []string) (upstream.Descriptor, []byte, error)
+	HeadBlob(ctx context.Context, repo string, d digest.Digest) (int64, error)
+	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) error
+}
+
+var _ Upstream = (*upstream.Registry)(nil)
+
+// Store is where content is kept. *storage.Store implements it.
+type Store interface {
+	OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64, error)
+	StatBlob(ctx context.Context, d digest.Digest) (int64, error)
+	ReadBlob(ctx context.Context, d digest.Digest, limit int64) ([]byte, error)
+	PutBlob(ctx context.Context, d digest.Digest, b []byte) error
+	NewPartial(ctx context.Context, d digest.Digest, size int64) (*storage.Partial, error)
+	Blob(ctx context.Context, d digest.Digest) (storage.BlobRecord, error)
+	SetMediaType(ctx context.Context, d digest.Digest, mediaType string) error
+	Touch(ctx context.Context, d digest.Digest) error
+	Tag(ctx context.Context, upstream, repo, tag string) (storage.TagRecord, error)
+	PutTag(ctx context.Context, upstream, repo, tag string, rec storage.TagRecord) error
+}
+
+var _ Store = (*storage.Store)(nil)
+
+// Server is the registry HTTP handler. Create it with New and Close it to
+// stop the downloads it started.
+type Server struct {
+	store           Store
+	upstreams       map[string]Upstream
+	defaultUpstream Upstream
+	tagTTL          time.Duration
+	log             *slog.Logger
+	metrics         *metrics
+	gatherer        prometheus.Gatherer
+	mux             *http.ServeMux
+
+	downloads *downloads
+	// resolving coalesces concurrent lookups of one tag or manifest digest.
+	resolving singleflight.Group
+
+	// ctx is the parent of work that outlives requests (downloads, shared
+	// lookups); Close cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// Option configures a Server.
+type Option func(*config) error
+
+type config struct {
+	store        Store
+	upstreams    []Upstream
+	defaultName  string
+	tagTTL       time.Duration
+	fetchTimeout time.Duration
+	log          *slog.Logger
+	registry     *prometheus.Registry
+}
+
+// WithStore sets the store. Required.
+func WithStore(s Store) Option {
+	return func(c *config) error { c.store = s; return nil }
+}
+
+// WithUpstream adds an upstream, matched by its name against containerd's
+// ns parameter and the first component of a path.
+func WithUpstream(u Upstream) Option {
+	return func(c *config) error { c.upstreams = append(c.upstreams, u); return nil }
+}
+
+// WithDefaultUpstream names the upstream for requests that name none.
+// Default: docker.io when configured, otherwise none (such requests get 404).
+func WithDefaultUpstream(name string) Option {
+	return func(c *config) error { c.defaultName = name; return nil }
+}
+
+// WithTagTTL sets how long a tag's digest is served before it is revalidated
+// upstream. Default: 5 minutes.
+func WithTagTTL(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("negative tag TTL %v", d)
+		}
+		c.tagTTL = d
+		return nil
+	}
+}
+
+// WithFetchTimeout bounds one upstream blob download, whoever waits for it.
+// Default: 1 hour.
+func WithFetchTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("fetch timeout %v is not positive", d)
+		}
+		c.fetchTimeout = d
+		return nil
+	}
+}
+
+// WithLogger sets the logger. Default: slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error { c.log = l; return nil }
+}
+
+// WithMetricsRegistry registers the server's metrics with reg and serves reg
+// at /metrics. Default: a registry of the server's own.
+func WithMetricsRegistry(reg *prometheus.Registry) Option {
+	return func(c *config) error { c.registry = reg; return nil }
+}
+
+// New returns a Server.
+func New(opts ...Option) (*Server, error) {
+	c := config{tagTTL: 5 * time.Minute, fetchTimeout: time.Hour, log: slog.Default()}
+	for _, o := range opts {
+		if err := o(&c); err != nil {
+			return nil, err
+		}
+	}
+	if c.store == nil {
+		return nil, errors.New("proxy: no store")
+	}
+	if c.registry == nil {
+		c.registry = prometheus.NewRegistry()
+	}
+	m, err := newMetrics(c.registry)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: registering metrics: %w", err)
+	}
+	s := &Server{
+		store:     c.store,
+		upstreams: map[string]Upstream{},
+		tagTTL:    c.tagTTL,
+		log:       c.log,
+		metrics:   m,
+		gatherer:  c.registry,
+	}
+	for _, u := range c.upstreams {
+		name := upstream.CanonicalName(u.Name())
+		if _, dup := s.upstreams[name]; dup {
+			return nil, fmt.Errorf("proxy: upstream %s configured twice", name)
+		}
+		s.upstreams[name] = u
+	}
+	switch {
+	case c.defaultName != "":
+		s.defaultUpstream = s.upstreams[upstream.CanonicalName(c.defaultName)]
+		if s.defaultUpstream == nil {
+			return nil, fmt.Errorf("proxy: default upstream %s is not configured", c.defaultName)
+		}
+	default:
+		s.defaultUpstream = s.upstreams[upstream.DockerHub] // may be nil
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.downloads = newDownloads(s, c.fetchTimeout)
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("/v2/", s.serveRegistry)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(c.registry, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	return s, nil
+}
+
+// Close cancels the downloads in progress and waits for them to stop.
+func (s *Server) Close() error {
+	s.cancel()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// serveRegistry handles everything under /v2/.
+func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	rw := &responseRecorder{ResponseWriter: w, status: http.StatusOK}
+	w = rw
+	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	kind := "other"
+	defer func() {
+		s.metrics.requests.WithLabelValues(kind, r.Method, strconv.Itoa(rw.status)).Inc()
+		if rw.source != "" {
+			s.metrics.servedBytes.WithLabelValues(rw.source).Add(float64(rw.written))
+		}
+		s.log.Info("request", "method", r.Method, "path", r.URL.Path, "ns", r.URL.Query().Get("ns"),
+			"status", rw.status, "bytes", rw.written, "duration", time.Since(start).Round(time.Microsecond),
+			"remote", r.RemoteAddr)
+	}()
+
+	if r.URL.Path == "/v2/" || r.URL.Path == "/v2" {
+		kind = "ping"
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", "2")
+		if r.Method != http.MethodHead {
+			w.Write([]byte("{}"))
+		}
+		return
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeError(w, r, &ociError{status: http.StatusMethodNotAllowed, code: "UNSUPPORTED",
+			message: "pullproxy is a read-only mirror: " + r.Method + " is not supported"})
+		return
+	}
+	rt, err := s.resolve(r)
+	if err != nil {
+		oe := toOCI(err, "")
+		if oe.code == "NAME_UNKNOWN" {
+			s.log.Warn("refused request for an unconfigured upstream", "path", r.URL.Path,
+				"ns", r.URL.Query().Get("ns"), "fix", "add the registry to upstreams if it should be mirrored")
+		}
+		writeError(w, r, oe)
+		return
+	}
+	kind = rt.kind
+	switch rt.kind {
+	case kindManifest:
+		s.serveManifest(w, r, rt)
+	case kindBlob:
+		s.serveBlob(w, r, rt)
+	}
+}
+
+// fail reports err to the client, and to the operator with the likely fix.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, rt route, err error) {
+	oe := toOCI(err, rt.kind)
+	if r.Context().Err() == nil {
+		level := slog.LevelWarn
+		if oe.status == http.StatusNotFound {
+			level = slog.LevelInfo
+		}
+		attrs := []any{"upstream", rt.up.Name(), "repo", rt.repo, "ref", rt.ref, "status", oe.status, "err", err}
+		if h := hint(err); h != "" {
+			attrs = append(attrs, "fix", h)
+		}
+		s.log.Log(r.Context(), level, rt.kind+" request failed", attrs...)
+	}
+	writeError(w, r, oe)
+}

@@ -1,0 +1,184 @@
+package storage
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/opencontainers/go-digest"
+)
+
+// Keys in the metadata database:
+//
+//	tag/<upstream>/<repository>:<tag>  → TagRecord
+//	blob/<digest>                      → BlobRecord
+const (
+	tagPrefix  = "tag/"
+	blobPrefix = "blob/"
+)
+
+// touchInterval bounds how often serving a blob rewrites its last-access
+// time: eviction needs hours of resolution, not one write per request.
+const touchInterval = time.Hour
+
+// TagRecord is what a tag resolved to upstream, and when that was last checked.
+type TagRecord struct {
+	Digest    digest.Digest `json:"digest"`
+	MediaType string        `json:"mediaType"`
+	Size      int64         `json:"size"`
+	CheckedAt time.Time     `json:"checkedAt"`
+}
+
+// BlobRecord describes a stored blob. MediaType is set for manifests.
+type BlobRecord struct {
+	Size       int64     `json:"size"`
+	MediaType  string    `json:"mediaType,omitempty"`
+	LastAccess time.Time `json:"lastAccess"`
+}
+
+func openMeta(dir string, log *slog.Logger) (*badger.DB, error) {
+	// Small tables: the metadata is a few hundred bytes per image, and the
+	// defaults (64 MiB memtables) would dominate the process's memory.
+	opts := badger.DefaultOptions(dir).
+		WithLogger(badgerLogger{log}).
+		WithMemTableSize(8 << 20).
+		WithValueLogFileSize(64 << 20).
+		WithBlockCacheSize(8 << 20).
+		WithIndexCacheSize(4 << 20).
+		WithNumCompactors(2).
+		WithSyncWrites(true)
+	db, err := badger.Open(opts)
+	if err != nil {
+		return nil, fmt.Errorf("opening metadata database %s: %w (is another pullproxy using this data dir?)", dir, err)
+	}
+	return db, nil
+}
+
+func tagKey(upstream, repo, tag string) []byte {
+	return []byte(tagPrefix + upstream + "/" + repo + ":" + tag)
+}
+
+func blobKey(d digest.Digest) []byte { return []byte(blobPrefix + d.String()) }
+
+// Tag returns what upstream/repo:tag last resolved to, or ErrNotFound.
+func (s *Store) Tag(ctx context.Context, upstream, repo, tag string) (TagRecord, error) {
+	var rec TagRecord
+	err := s.get(tagKey(upstream, repo, tag), &rec)
+	if err != nil {
+		return rec, fmt.Errorf("tag %s/%s:%s: %w", upstream, repo, tag, err)
+	}
+	return rec, nil
+}
+
+// PutTag records what upstream/repo:tag resolves to.
+func (s *Store) PutTag(ctx context.Context, upstream, repo, tag string, rec TagRecord) error {
+	if err := s.put(tagKey(upstream, repo, tag), rec); err != nil {
+		return fmt.Errorf("recording tag %s/%s:%s: %w", upstream, repo, tag, err)
+	}
+	return nil
+}
+
+// Blob returns the record of a stored blob, or ErrNotFound.
+func (s *Store) Blob(ctx context.Context, d digest.Digest) (BlobRecord, error) {
+	var rec BlobRecord
+	if err := s.get(blobKey(d), &rec); err != nil {
+		return rec, fmt.Errorf("blob record %s: %w", d, err)
+	}
+	return rec, nil
+}
+
+// SetMediaType records the media type of a stored manifest.
+func (s *Store) SetMediaType(ctx context.Context, d digest.Digest, mediaType string) error {
+	return s.update(blobKey(d), func(rec *BlobRecord) bool {
+		if rec.MediaType == mediaType {
+			return false
+		}
+		rec.MediaType = mediaType
+		return true
+	})
+}
+
+// Touch records that d was served now. It writes at most once per hour per blob.
+func (s *Store) Touch(ctx context.Context, d digest.Digest) error {
+	now := time.Now()
+	return s.update(blobKey(d), func(rec *BlobRecord) bool {
+		if now.Sub(rec.LastAccess) < touchInterval {
+			return false
+		}
+		rec.LastAccess = now
+		return true
+	})
+}
+
+func (s *Store) recordBlob(ctx context.Context, d digest.Digest, size int64) error {
+	now := time.Now()
+	return s.update(blobKey(d), func(rec *BlobRecord) bool {
+		rec.Size = size
+		rec.LastAccess = now
+		return true
+	})
+}
+
+// update applies change to the record under key in one transaction, writing
+// only when change reports a difference.
+func (s *Store) update(key []byte, change func(*BlobRecord) bool) error {
+	err := s.db.Update(func(txn *badger.Txn) error {
+		var rec BlobRecord
+		if err := getTxn(txn, key, &rec); err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+		if !change(&rec) {
+			return nil
+		}
+		b, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		return txn.Set(key, b)
+	})
+	if err != nil {
+		return fmt.Errorf("updating %s: %w", key, err)
+	}
+	return nil
+}
+
+func (s *Store) get(key []byte, v any) error {
+	return s.db.View(func(txn *badger.Txn) error { return getTxn(txn, key, v) })
+}
+
+func getTxn(txn *badger.Txn, key []byte, v any) error {
+	item, err := txn.Get(key)
+	if errors.Is(err, badger.ErrKeyNotFound) {
+		return ErrNotFound
+	}
+	if err != nil {
+		return err
+	}
+	return item.Value(func(b []byte) error { return json.Unmarshal(b, v) })
+}
+
+func (s *Store) put(key []byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(txn *badger.Txn) error { return txn.Set(key, b) })
+}
+
+// badgerLogger sends Badger's chatter to slog; its info lines are routine
+// compaction notes, so they go out at debug.
+type badgerLogger struct{ log *slog.Logger }
+
+func (l badgerLogger) Errorf(f string, a ...any) { l.log.Error(trim(f, a), "component", "badger") }
+func (l badgerLogger) Warningf(f string, a ...any) {
+	l.log.Warn(trim(f, a), "component", "badger")
+}
+func (l badgerLogger) Infof(f string, a ...any)  { l.log.Debug(trim(f, a), "component", "badger") }
+func (l badgerLogger) Debugf(f string, a ...any) { l.log.Debug(trim(f, a), "component", "badger") }
+
+func trim(f string, a []any) string { return strings.TrimSpace(fmt.Sprintf(f, a...)) }

@@ -1,0 +1,327 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash"
+	"io/fs"
+	"os"
+	"sync"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// HoldBack is how many bytes at the end of a blob readers of a download are
+// kept from until the digest is verified. A reader therefore never receives
+// a complete-looking blob whose digest turned out wrong: on a mismatch it sees
+// a short read it can retry, even if it never checks digests itself.
+const HoldBack = 64 << 10
+
+// Partial is a blob being downloaded: a file written at arbitrary offsets,
+// the set of byte ranges written so far, and a running digest of the
+// contiguous prefix. Any number of readers may wait on it for bytes while one
+// or more writers fill it. It is safe for concurrent use.
+type Partial struct {
+	store  *Store
+	digest digest.Digest
+	path   string
+	f      *os.File
+
+	mu        sync.Mutex
+	size      int64 // -1 until known
+	done      spans
+	changed   chan struct{} // closed and replaced on every change
+	committed string        // path of the verified blob, once committed
+	err       error         // why the download failed, once it has
+
+	// The running hash is the writers' alone; readers never take hashMu.
+	hashMu sync.Mutex
+	hasher hash.Hash
+	hashed int64
+	buf    []byte // catch-up buffer for hashing bytes written out of order
+}
+
+// NewPartial starts a download of d, discarding any earlier partial file.
+// size is the expected size, or -1 when it will be learned from upstream.
+func (s *Store) NewPartial(ctx context.Context, d digest.Digest, size int64) (*Partial, error) {
+	if err := validate(d); err != nil {
+		return nil, err
+	}
+	if !d.Algorithm().Available() {
+		return nil, fmt.Errorf("digest %s: algorithm %s is not supported", d, d.Algorithm())
+	}
+	path := s.partialPath(d)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("starting download of %s: %w", d, err)
+	}
+	p := &Partial{
+		store:   s,
+		digest:  d,
+		path:    path,
+		f:       f,
+		size:    -1,
+		changed: make(chan struct{}),
+		hasher:  d.Algorithm().Hash(),
+	}
+	if size >= 0 {
+		if err := p.SetSize(size); err != nil {
+			f.Close()
+			os.Remove(path)
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// Digest returns the digest the download must match.
+func (p *Partial) Digest() digest.Digest { return p.digest }
+
+// Size returns the blob's size, or -1 when not yet known.
+func (p *Partial) Size() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.size
+}
+
+// SetSize fixes the blob's size. Setting the same size again is a no-op; a
+// different one is ErrSizeMismatch.
+func (p *Partial) SetSize(n int64) error {
+	if n < 0 {
+		return fmt.Errorf("%s: negative size %d", p.digest, n)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.size == n {
+		return nil
+	}
+	if p.size >= 0 {
+		return fmt.Errorf("%s is %d bytes, not %d: %w", p.digest, p.size, n, ErrSizeMismatch)
+	}
+	p.size = n
+	p.notifyLocked()
+	return nil
+}
+
+// WriteAt writes b at off and marks it done. Bytes beyond the blob's size are
+// refused with ErrSizeMismatch.
+func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
+	if size := p.Size(); size >= 0 && off+int64(len(b)) > size {
+		return 0, fmt.Errorf("writing %s at %d-%d: past its %d bytes: %w",
+			p.digest, off, off+int64(len(b))-1, size, ErrSizeMismatch)
+	}
+	n, err := p.f.WriteAt(b, off)
+	if n > 0 {
+		p.hashMu.Lock()
+		if off <= p.hashed && p.hashed < off+int64(n) {
+			p.hasher.Write(b[p.hashed-off : n])
+			p.hashed = off + int64(n)
+		}
+		p.hashMu.Unlock()
+
+		p.mu.Lock()
+		p.done.add(off, off+int64(n))
+		prefix := p.done.contiguous(0)
+		p.notifyLocked()
+		p.mu.Unlock()
+
+		if err == nil {
+			err = p.catchUpHash(prefix)
+		}
+	}
+	if err != nil {
+		return n, fmt.Errorf("writing %s at %d: %w", p.digest, off, err)
+	}
+	return n, nil
+}
+
+// catchUpHash hashes bytes that were written ahead of the hashed prefix and
+// have since become contiguous with it, reading them back from the file.
+func (p *Partial) catchUpHash(prefix int64) error {
+	p.hashMu.Lock()
+	defer p.hashMu.Unlock()
+	for p.hashed < prefix {
+		if p.buf == nil {
+			p.buf = make([]byte, 256<<10)
+		}
+		n := min(int64(len(p.buf)), prefix-p.hashed)
+		if _, err := p.f.ReadAt(p.buf[:n], p.hashed); err != nil {
+			return fmt.Errorf("hashing %s at %d: %w", p.digest, p.hashed, err)
+		}
+		p.hasher.Write(p.buf[:n])
+		p.hashed += n
+	}
+	return nil
+}
+
+// Written returns the length of the contiguous prefix written so far.
+func (p *Partial) Written() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done.contiguous(0)
+}
+
+// Commit verifies the download (every byte written, digest matching) and
+// moves it into the store. On failure the download is failed with the reason.
+func (p *Partial) Commit(ctx context.Context) error {
+	if err := p.verify(); err != nil {
+		p.Fail(err)
+		return err
+	}
+	if err := p.store.commitFile(p.f, p.digest); err != nil {
+		p.Fail(err)
+		return err
+	}
+	size := p.Size()
+	final := p.store.blobPath(p.digest)
+	p.mu.Lock()
+	p.committed = final
+	p.notifyLocked()
+	p.mu.Unlock()
+	// The blob is in place; a lost record only costs its last-access time.
+	if err := p.store.recordBlob(ctx, p.digest, size); err != nil {
+		p.store.log.Warn("recording committed blob", "digest", p.digest, "err", err)
+	}
+	return nil
+}
+
+func (p *Partial) verify() error {
+	p.mu.Lock()
+	size, prefix := p.size, p.done.contiguous(0)
+	p.mu.Unlock()
+	if size < 0 || prefix != size {
+		return fmt.Errorf("committing %s: %d of %d bytes written: %w", p.digest, prefix, size, ErrSizeMismatch)
+	}
+	if err := p.catchUpHash(prefix); err != nil {
+		return err
+	}
+	p.hashMu.Lock()
+	got := digest.NewDigest(p.digest.Algorithm(), p.hasher)
+	p.hashMu.Unlock()
+	if got != p.digest {
+		return fmt.Errorf("committing %s: the %d bytes received hash to %s: %w", p.digest, size, got, ErrDigestMismatch)
+	}
+	return nil
+}
+
+// Fail abandons the download: waiting readers get err, and the partial file is
+// removed. Failing a committed or already failed download does nothing.
+func (p *Partial) Fail(err error) {
+	if err == nil {
+		err = errors.New("download abandoned")
+	}
+	p.mu.Lock()
+	if p.committed != "" || p.err != nil {
+		p.mu.Unlock()
+		return
+	}
+	p.err = err
+	p.notifyLocked()
+	p.mu.Unlock()
+	p.f.Close()
+	if rmErr := os.Remove(p.path); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) {
+		p.store.log.Warn("removing failed download", "path", p.path, "err", rmErr)
+	}
+}
+
+// Err returns why the download failed, or nil.
+func (p *Partial) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// Committed reports whether the download was verified and stored.
+func (p *Partial) Committed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.committed != ""
+}
+
+// WaitSize blocks until the blob's size is known and returns it, or returns
+// the download's error or ctx's.
+func (p *Partial) WaitSize(ctx context.Context) (int64, error) {
+	for {
+		p.mu.Lock()
+		size, err, changed := p.size, p.err, p.changed
+		p.mu.Unlock()
+		if size >= 0 {
+			return size, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// WaitAvailable blocks until bytes from off on may be read, and returns how
+// many may be read from off. Until the digest is verified the last HoldBack
+// bytes are withheld. It returns the download's error if it fails first, or
+// ctx's error.
+func (p *Partial) WaitAvailable(ctx context.Context, off int64) (int64, error) {
+	for {
+		p.mu.Lock()
+		n := p.availableLocked(off)
+		err, changed := p.err, p.changed
+		p.mu.Unlock()
+		if n > 0 {
+			return n, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+func (p *Partial) availableLocked(off int64) int64 {
+	if p.size < 0 || off >= p.size {
+		return 0
+	}
+	if p.committed != "" {
+		return p.size - off
+	}
+	limit := p.size - HoldBack
+	end := min(p.done.contiguous(off), limit)
+	return max(end-off, 0)
+}
+
+// Open returns a read-only handle on the download's bytes, valid across the
+// commit (which renames the file) and after it. The caller closes it.
+func (p *Partial) Open() (*os.File, error) {
+	for range 3 {
+		p.mu.Lock()
+		path, err := p.path, p.err
+		if p.committed != "" {
+			path = p.committed
+		}
+		p.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		f, err := os.Open(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // renamed by a commit, or removed by a failure, between the two steps
+		}
+		if err != nil {
+			return nil, fmt.Errorf("opening download of %s: %w", p.digest, err)
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("opening download of %s: file keeps moving", p.digest)
+}
+
+func (p *Partial) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}

@@ -1,0 +1,46 @@
+package storage
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestSpansAdd(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		adds []span
+		want spans
+	}{
+		{"empty range ignored", []span{{5, 5}}, nil},
+		{"in order merges", []span{{0, 10}, {10, 20}}, spans{{0, 20}}},
+		{"gap kept", []span{{0, 10}, {20, 30}}, spans{{0, 10}, {20, 30}}},
+		{"fills gap", []span{{0, 10}, {20, 30}, {10, 20}}, spans{{0, 30}}},
+		{"out of order", []span{{20, 30}, {0, 5}}, spans{{0, 5}, {20, 30}}},
+		{"overlap swallows several", []span{{0, 2}, {4, 6}, {8, 10}, {1, 9}}, spans{{0, 10}}},
+		{"inside existing", []span{{0, 10}, {3, 4}}, spans{{0, 10}}},
+		{"extends left", []span{{10, 20}, {5, 12}}, spans{{5, 20}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var s spans
+			for _, a := range tc.adds {
+				s.add(a.start, a.end)
+			}
+			if !slices.Equal(s, tc.want) {
+				t.Errorf("got %v, want %v", s, tc.want)
+			}
+		})
+	}
+}
+
+func TestSpansContiguous(t *testing.T) {
+	t.Parallel()
+	s := spans{{0, 10}, {20, 30}}
+	for _, tc := range []struct{ off, want int64 }{
+		{0, 10}, {5, 10}, {10, 10}, {15, 15}, {20, 30}, {29, 30}, {30, 30},
+	} {
+		if got := s.contiguous(tc.off); got != tc.want {
+			t.Errorf("contiguous(%d): got %d, want %d", tc.off, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,238 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/opencontainers/go-digest"
+)
+
+// Errors callers check with errors.Is. They are wrapped with the subject.
+var (
+	// ErrNotFound: the store holds no such blob, tag or record.
+	ErrNotFound = errors.New("not found")
+	// ErrDigestMismatch: bytes did not hash to the digest they were stored under.
+	ErrDigestMismatch = errors.New("digest mismatch")
+	// ErrSizeMismatch: a blob's bytes disagree with the size it was declared to have.
+	ErrSizeMismatch = errors.New("size mismatch")
+)
+
+// Store is pullproxy's local cache: blob files plus a Badger metadata database,
+// both under one data directory. It is safe for concurrent use.
+type Store struct {
+	root string
+	db   *badger.DB
+	log  *slog.Logger
+}
+
+// Option configures Open.
+type Option func(*config) error
+
+type config struct {
+	log *slog.Logger
+}
+
+// WithLogger sets the logger. Default: slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) error {
+		if l == nil {
+			return errors.New("nil logger")
+		}
+		c.log = l
+		return nil
+	}
+}
+
+// Open opens (creating if needed) the store under dir and reconciles what a
+// crash may have left behind.
+func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
+	cfg := config{log: slog.Default()}
+	for _, o := range opts {
+		if err := o(&cfg); err != nil {
+			return nil, fmt.Errorf("opening store %s: %w", dir, err)
+		}
+	}
+	for _, sub := range []string{"blobs", "partial", "meta"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			return nil, fmt.Errorf("opening store: %w (is the data dir writable?)", err)
+		}
+	}
+	db, err := openMeta(filepath.Join(dir, "meta"), cfg.log)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{root: dir, db: db, log: cfg.log}
+	if err := s.reconcile(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Close releases the metadata database. Partials still open are not committed.
+func (s *Store) Close() error {
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("closing metadata database: %w", err)
+	}
+	return nil
+}
+
+// Dir returns the data directory.
+func (s *Store) Dir() string { return s.root }
+
+// reconcile removes partial files: no download resumes them yet, and they are
+// never served, so they are only dead weight. Blobs without metadata are
+// recorded lazily on first use; metadata without a blob reads as absent.
+func (s *Store) reconcile(ctx context.Context) error {
+	dir := filepath.Join(s.root, "partial")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("removing stale partial download %s: %w", e.Name(), err)
+		}
+	}
+	if len(entries) > 0 {
+		s.log.Info("removed partial downloads left by an earlier run", "count", len(entries))
+	}
+	return nil
+}
+
+func (s *Store) blobPath(d digest.Digest) string {
+	hex := d.Encoded()
+	return filepath.Join(s.root, "blobs", string(d.Algorithm()), hex[:2], hex)
+}
+
+func (s *Store) partialPath(d digest.Digest) string {
+	return filepath.Join(s.root, "partial", string(d.Algorithm())+"-"+d.Encoded())
+}
+
+func validate(d digest.Digest) error {
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("digest %q: %w", d, err)
+	}
+	return nil
+}
+
+// OpenBlob opens a verified blob for reading. The caller closes the file.
+// It returns ErrNotFound when the store does not hold d.
+func (s *Store) OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64, error) {
+	if err := validate(d); err != nil {
+		return nil, 0, err
+	}
+	f, err := os.Open(s.blobPath(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, fmt.Errorf("blob %s: %w", d, ErrNotFound)
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("opening blob %s: %w", d, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, fmt.Errorf("opening blob %s: %w", d, err)
+	}
+	return f, fi.Size(), nil
+}
+
+// StatBlob returns a verified blob's size, or ErrNotFound.
+func (s *Store) StatBlob(ctx context.Context, d digest.Digest) (int64, error) {
+	if err := validate(d); err != nil {
+		return 0, err
+	}
+	fi, err := os.Stat(s.blobPath(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("blob %s: %w", d, ErrNotFound)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("stat blob %s: %w", d, err)
+	}
+	return fi.Size(), nil
+}
+
+// ReadBlob returns a verified blob's bytes, refusing blobs over limit bytes.
+// It is meant for manifests, which are small.
+func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, limit int64) ([]byte, error) {
+	f, size, err := s.OpenBlob(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if size > limit {
+		return nil, fmt.Errorf("reading blob %s: %d bytes is over the %d-byte limit", d, size, limit)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(f, b); err != nil {
+		return nil, fmt.Errorf("reading blob %s: %w", d, err)
+	}
+	return b, nil
+}
+
+// PutBlob stores small content already in memory (manifests) after checking
+// that it hashes to d.
+func (s *Store) PutBlob(ctx context.Context, d digest.Digest, b []byte) error {
+	if err := validate(d); err != nil {
+		return err
+	}
+	if got := d.Algorithm().FromBytes(b); got != d {
+		return fmt.Errorf("storing %s: content hashes to %s: %w", d, got, ErrDigestMismatch)
+	}
+	tmp, err := os.CreateTemp(filepath.Join(s.root, "partial"), "put-*")
+	if err != nil {
+		return fmt.Errorf("storing %s: %w", d, err)
+	}
+	defer os.Remove(tmp.Name()) // a no-op once renamed
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("storing %s: %w", d, err)
+	}
+	if err := s.commitFile(tmp, d); err != nil {
+		return err
+	}
+	return s.recordBlob(ctx, d, int64(len(b)))
+}
+
+// commitFile syncs and closes f, then renames it into place as blob d. The
+// rename is the only step that makes content visible.
+func (s *Store) commitFile(f *os.File, d digest.Digest) error {
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("committing %s: sync: %w", d, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("committing %s: %w", d, err)
+	}
+	dst := s.blobPath(d)
+	dir := filepath.Dir(dst)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("committing %s: %w", d, err)
+	}
+	if err := os.Rename(f.Name(), dst); err != nil {
+		return fmt.Errorf("committing %s: %w", d, err)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("syncing %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,316 @@
+// Package upstream talks to the registries pullproxy mirrors: the
+// distribution API's read side, token auth, and fetching blobs into a
+// caller-supplied writer.
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// MaxManifestSize is the largest manifest accepted from an upstream. containerd
+// refuses manifests over 4 MiB, so a larger one is of no use to any client.
+const MaxManifestSize = 4 << 20
+
+// Descriptor describes a manifest as an upstream serves it.
+type Descriptor struct {
+	Digest    digest.Digest
+	MediaType string
+	Size      int64
+}
+
+// Registry is one configured upstream: a name (docker.io, an ECR host, …) and
+// the endpoints that serve it, tried in order.
+type Registry struct {
+	name      string
+	endpoints []*url.URL
+	client    *http.Client
+	tokens    *tokenCache
+	log       *slog.Logger
+	metrics   *Metrics
+
+	// challenges remembers each host's bearer challenge, so requests after
+	// the first carry a token up front instead of collecting a 401 each.
+	challenges sync.Map // host → challenge
+
+	buffers sync.Pool // *[]byte of fetchBufferSize, one per running fetch
+}
+
+// Option configures a Registry.
+type Option func(*options) error
+
+type options struct {
+	transport http.RoundTripper
+	log       *slog.Logger
+	metrics   *Metrics
+}
+
+// WithTransport sets the HTTP transport. Default: a transport with sane
+// dial, TLS-handshake and response-header timeouts.
+func WithTransport(rt http.RoundTripper) Option {
+	return func(o *options) error { o.transport = rt; return nil }
+}
+
+// WithLogger sets the logger. Default: slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) error { o.log = l; return nil }
+}
+
+// WithMetrics sets where metrics are counted. Default: metrics registered nowhere.
+func WithMetrics(m *Metrics) Option {
+	return func(o *options) error { o.metrics = m; return nil }
+}
+
+// NewTransport returns the default upstream transport.
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConnsPerHost:   16,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ResponseHeaderTimeout: 30 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// New returns the upstream named name, served by the endpoint URLs in order.
+func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
+	o := options{log: slog.Default()}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, fmt.Errorf("upstream %s: %w", name, err)
+		}
+	}
+	if o.transport == nil {
+		o.transport = NewTransport()
+	}
+	if o.metrics == nil {
+		m, err := NewMetrics(prometheus.NewRegistry())
+		if err != nil {
+			return nil, err
+		}
+		o.metrics = m
+	}
+	if name == "" {
+		return nil, errors.New("upstream with no name")
+	}
+	if len(endpoints) == 0 {
+		return nil, fmt.Errorf("upstream %s: no endpoints", name)
+	}
+	r := &Registry{
+		name:    name,
+		client:  &http.Client{Transport: o.transport},
+		log:     o.log.With("upstream", name),
+		metrics: o.metrics,
+	}
+	r.tokens = newTokenCache(r.client)
+	r.buffers.New = func() any { b := make([]byte, fetchBufferSize); return &b }
+	for _, e := range endpoints {
+		u, err := url.Parse(e)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+			return nil, fmt.Errorf("upstream %s: endpoint %q is not an http(s)://host[:port] URL", name, e)
+		}
+		u.Path = strings.TrimSuffix(u.Path, "/")
+		r.endpoints = append(r.endpoints, u)
+	}
+	return r, nil
+}
+
+// Name returns the upstream's configured name.
+func (r *Registry) Name() string { return r.name }
+
+// Endpoints returns the endpoint URLs, in the order they are tried.
+func (r *Registry) Endpoints() []string {
+	out := make([]string, len(r.endpoints))
+	for i, u := range r.endpoints {
+		out[i] = u.String()
+	}
+	return out
+}
+
+// request is one registry API call, before auth.
+type request struct {
+	method string
+	repo   string
+	path   string // below /v2/<repo>/, e.g. "manifests/latest"
+	header http.Header
+}
+
+func (q request) op() string { return q.method + " /v2/" + q.repo + "/" + q.path }
+
+// do sends q to each endpoint in turn until one answers with anything but a
+// transport error or a 5xx, and returns that answer. A non-2xx answer comes
+// back as an *Error; the caller closes the body of a successful one.
+func (r *Registry) do(ctx context.Context, q request, ok ...int) (*http.Response, error) {
+	var last error
+	for i, ep := range r.endpoints {
+		resp, err := r.send(ctx, ep, q)
+		if err == nil {
+			if isOK(resp.StatusCode, ok) {
+				return resp, nil
+			}
+			err = r.statusError(ep.Host, q.op(), resp)
+			resp.Body.Close()
+		}
+		if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+			return nil, err
+		}
+		last = err
+		if i+1 < len(r.endpoints) {
+			r.log.Warn("endpoint failed, trying the next", "endpoint", ep.Host, "err", err)
+		}
+	}
+	return nil, last
+}
+
+func isOK(status int, ok []int) bool {
+	if len(ok) == 0 {
+		return status == http.StatusOK
+	}
+	for _, s := range ok {
+		if s == status {
+			return true
+		}
+	}
+	return false
+}
+
+// send performs q against one endpoint, answering a bearer challenge once.
+func (r *Registry) send(ctx context.Context, ep *url.URL, q request) (*http.Response, error) {
+	scope := "repository:" + q.repo + ":pull"
+	var auth string
+	if v, ok := r.challenges.Load(ep.Host); ok {
+		ch := v.(challenge)
+		if tok, ok := r.tokens.cached(tokenKey(ch.params["realm"], ch.params["service"], scope)); ok {
+			auth = "Bearer " + tok
+		}
+	}
+	resp, err := r.sendOnce(ctx, ep, q, auth)
+	if err != nil || resp.StatusCode != http.StatusUnauthorized {
+		return resp, err
+	}
+	ch, ok := parseChallenge(resp.Header.Get("WWW-Authenticate"))
+	if !ok || ch.scheme != "bearer" {
+		// Basic auth, or no usable challenge: without credentials the 401 stands.
+		return resp, nil
+	}
+	resp.Body.Close()
+	r.challenges.Store(ep.Host, ch)
+	tok, key, err := r.tokens.get(ctx, ch, scope)
+	if err != nil {
+		return nil, &Error{Upstream: r.name, Endpoint: ep.Host, Op: q.op(), Status: http.StatusUnauthorized,
+			Kind: ErrUnauthorized, Err: err}
+	}
+	resp, err = r.sendOnce(ctx, ep, q, "Bearer "+tok)
+	if err == nil && resp.StatusCode == http.StatusUnauthorized {
+		r.tokens.forget(key)
+	}
+	return resp, err
+}
+
+func (r *Registry) sendOnce(ctx context.Context, ep *url.URL, q request, auth string) (*http.Response, error) {
+	u := *ep
+	u.Path = ep.Path + "/v2/" + q.repo + "/" + q.path
+	req, err := http.NewRequestWithContext(ctx, q.method, u.String(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", q.op(), err)
+	}
+	for k, v := range q.header {
+		req.Header[k] = v
+	}
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		r.metrics.request(r.name, q.method, 0)
+		return nil, r.transportError(ep.Host, q.op(), err)
+	}
+	r.metrics.request(r.name, q.method, resp.StatusCode)
+	return resp, nil
+}
+
+// HeadManifest asks for a manifest's descriptor without fetching it (on
+// Docker Hub a HEAD does not count as a pull). The digest is empty when the
+// upstream does not send Docker-Content-Digest.
+func (r *Registry) HeadManifest(ctx context.Context, repo, ref string, accept []string) (Descriptor, error) {
+	resp, err := r.do(ctx, request{method: http.MethodHead, repo: repo, path: "manifests/" + ref,
+		header: http.Header{"Accept": accept}})
+	if err != nil {
+		return Descriptor{}, err
+	}
+	resp.Body.Close()
+	desc := Descriptor{MediaType: mediaType(resp.Header.Get("Content-Type")), Size: resp.ContentLength}
+	if d, err := digest.Parse(resp.Header.Get("Docker-Content-Digest")); err == nil {
+		desc.Digest = d
+	}
+	return desc, nil
+}
+
+// GetManifest fetches a manifest. When ref is a digest the content is checked
+// against it; manifests over MaxManifestSize are refused.
+func (r *Registry) GetManifest(ctx context.Context, repo, ref string, accept []string) (Descriptor, []byte, error) {
+	q := request{method: http.MethodGet, repo: repo, path: "manifests/" + ref, header: http.Header{"Accept": accept}}
+	resp, err := r.do(ctx, q)
+	if err != nil {
+		return Descriptor{}, nil, err
+	}
+	defer resp.Body.Close()
+	invalid := func(format string, a ...any) error {
+		return &Error{Upstream: r.name, Endpoint: resp.Request.URL.Host, Op: q.op(), Status: resp.StatusCode,
+			Kind: ErrInvalid, Message: fmt.Sprintf(format, a...)}
+	}
+	if resp.ContentLength > MaxManifestSize {
+		return Descriptor{}, nil, invalid("manifest of %d bytes is over the %d-byte limit", resp.ContentLength, MaxManifestSize)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxManifestSize+1))
+	if err != nil {
+		return Descriptor{}, nil, r.transportError(resp.Request.URL.Host, q.op(), err)
+	}
+	if len(body) > MaxManifestSize {
+		return Descriptor{}, nil, invalid("manifest is over the %d-byte limit", MaxManifestSize)
+	}
+	alg := digest.Canonical
+	want, refIsDigest := digest.Parse(ref)
+	if refIsDigest == nil {
+		alg = want.Algorithm()
+	}
+	desc := Descriptor{Digest: alg.FromBytes(body), MediaType: mediaType(resp.Header.Get("Content-Type")), Size: int64(len(body))}
+	if refIsDigest == nil && desc.Digest != want {
+		return Descriptor{}, nil, invalid("manifest content hashes to %s, not the %s asked for", desc.Digest, want)
+	}
+	return desc, body, nil
+}
+
+// HeadBlob returns a blob's size without fetching it.
+func (r *Registry) HeadBlob(ctx context.Context, repo string, d digest.Digest) (int64, error) {
+	resp, err := r.do(ctx, request{method: http.MethodHead, repo: repo, path: "blobs/" + d.String()})
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.ContentLength, nil
+}
+
+func mediaType(contentType string) string {
+	mt, _, err := mime.ParseMediaType(contentType)
+	if err != nil {
+		return ""
+	}
+	return mt
+}
