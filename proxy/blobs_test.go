@@ -130,6 +130,8 @@ type blobServer struct {
 	cut       int64 // bytes per response before the connection is dropped; 0: none
 	failAfter int64 // requests answered before every further one gets 500; 0: none
 	corrupt   bool
+	holdAt    int64         // bytes per response after which it waits for hold to close; 0: none
+	hold      chan struct{} // see holdAt
 	requests  atomic.Int64
 }
 
@@ -155,6 +157,9 @@ func (b *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if b.cut > 0 {
 		out = &cutWriter{w: w, left: b.cut}
 	}
+	if b.holdAt > 0 {
+		out = &holdWriter{w: w, left: b.holdAt, hold: b.hold}
+	}
 	w.Header().Set("Docker-Content-Digest", b.digest.String())
 	http.ServeContent(writerFunc{w, out}, r, "", time.Time{}, bytes.NewReader(content))
 }
@@ -173,6 +178,31 @@ func (c *cutWriter) Write(p []byte) (int, error) {
 	}
 	c.left -= int64(len(p))
 	return c.w.Write(p)
+}
+
+// holdWriter pauses the response after left bytes until hold is closed.
+type holdWriter struct {
+	w    io.Writer
+	left int64
+	hold chan struct{}
+}
+
+func (h *holdWriter) Write(p []byte) (int, error) {
+	if h.left >= 0 && int64(len(p)) > h.left {
+		n, err := h.w.Write(p[:h.left])
+		if err != nil {
+			return n, err
+		}
+		h.w.(http.Flusher).Flush()
+		<-h.hold
+		p, h.left = p[h.left:], -1
+		m, err := h.w.Write(p)
+		return n + m, err
+	}
+	if h.left >= 0 {
+		h.left -= int64(len(p))
+	}
+	return h.w.Write(p)
 }
 
 type writerFunc struct {
@@ -262,5 +292,46 @@ func TestCorruptBlobNeverCompleteNorCached(t *testing.T) {
 	}
 	if _, err := e.store.StatBlob(context.Background(), b.digest); err == nil {
 		t.Error("the corrupt blob was stored")
+	}
+}
+
+// TestDownloadOutlivesClient: a client that reads part of a cold blob and
+// hangs up (as containerd's multipart fetch does) does not stop the
+// download; the blob is committed and the next client is served from disk.
+func TestDownloadOutlivesClient(t *testing.T) {
+	t.Parallel()
+	content := randomBytes(t, 2<<20)
+	b, srv := newBlobServer(t, content)
+	b.holdAt, b.hold = 512<<10, make(chan struct{})
+	e := blobEnv(t, b, srv)
+	path := "/v2/test/app/blobs/" + b.digest.String() + "?ns=" + upstreamName
+
+	resp, err := http.Get(e.proxy.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 100<<10)); err != nil {
+		t.Fatal(err)
+	}
+	p := e.srv.downloads.lookup(b.digest)
+	resp.Body.Close() // hang up mid-blob
+	if p == nil {
+		t.Fatal("no download in flight while the upstream is held")
+	}
+	close(b.hold)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The last bytes become available only once the blob is verified and committed.
+	if _, err := p.WaitAvailable(ctx, int64(len(content))-1); err != nil {
+		t.Fatalf("waiting for the download to finish: %v", err)
+	}
+	if !p.Committed() {
+		t.Fatal("download finished but not committed")
+	}
+	if resp, body := e.get("GET", path, nil); resp.StatusCode != 200 || !bytes.Equal(body, content) {
+		t.Errorf("after the download: status %d, %d bytes", resp.StatusCode, len(body))
+	}
+	if n := b.requests.Load(); n != 1 {
+		t.Errorf("upstream requests: got %d, want 1", n)
 	}
 }

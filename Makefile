@@ -1,0 +1,30 @@
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+.PHONY: all build run test vet deps clean
+
+all: build
+
+## build: compile bin/pullproxy
+build:
+	$(GO) build -trimpath -ldflags "$(LDFLAGS)" -o bin/pullproxy ./cmd/pullproxy
+
+## run: serve on 127.0.0.1:5000 with the built-in defaults, data in ./data
+run: build
+	./bin/pullproxy serve --listen 127.0.0.1:5000 --data-dir ./data
+
+## test: vet, then every test with the race detector
+test: vet
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+vet:
+	$(GO) vet ./...
+
+## deps: install what the end-to-end tests drive (Debian; as root)
+deps:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo
+
+clean:
+	rm -rf bin

@@ -1,0 +1,247 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"github.com/pullproxy/pullproxy/bench/containerdtest"
+)
+
+// requireTool skips a test that needs a tool this machine lacks, unless
+// PULLPROXY_REQUIRE_TOOLS=1 (as in CI), where a skip would hide a gap.
+func requireTool(t *testing.T, ok bool, reason string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if os.Getenv("PULLPROXY_REQUIRE_TOOLS") == "1" {
+		t.Fatalf("required tool missing: %s", reason)
+	}
+	t.Skipf("skipping: %s (set PULLPROXY_REQUIRE_TOOLS=1 to make this an error)", reason)
+}
+
+// upstreamLog counts requests to the upstream registry by "METHOD kind".
+type upstreamLog struct {
+	next http.Handler
+	mu   sync.Mutex
+	n    map[string]int
+}
+
+func (u *upstreamLog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	kind := "other"
+	for _, k := range []string{"/manifests/", "/blobs/"} {
+		if strings.Contains(r.URL.Path, k) {
+			kind = strings.Trim(k, "/")
+		}
+	}
+	u.mu.Lock()
+	u.n[r.Method+" "+kind]++
+	u.mu.Unlock()
+	u.next.ServeHTTP(w, r)
+}
+
+func (u *upstreamLog) take() map[string]int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n := u.n
+	u.n = map[string]int{}
+	return n
+}
+
+// buildBinary builds pullproxy into dir.
+func buildBinary(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "pullproxy")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("building pullproxy: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startProxy runs `pullproxy serve` with args on a free loopback port and
+// returns its base URL once it serves.
+func startProxy(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+	})
+	addrc := make(chan string, 1)
+	go func() {
+		addrRE := regexp.MustCompile(`msg="pullproxy serving".* addr=(\S+)`)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
+				addrc <- m[1]
+			}
+			t.Log("pullproxy: " + sc.Text())
+		}
+	}()
+	select {
+	case addr := <-addrc:
+		return "http://" + addr
+	case <-time.After(30 * time.Second):
+		t.Fatal("pullproxy did not start within 30 s")
+	}
+	return ""
+}
+
+// pushIndex pushes a two-platform image with three layers per platform.
+func pushIndex(t *testing.T, upstreamURL, repo string) (v1.ImageIndex, v1.Image) {
+	t.Helper()
+	var idx v1.ImageIndex = empty.Index
+	var amd64 v1.Image
+	for _, arch := range []string{"amd64", "arm64"} {
+		img, err := random.Image(1<<20, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if arch == "amd64" {
+			amd64 = img
+		}
+		idx = mutate.AppendManifests(idx, mutate.IndexAddendum{Add: img,
+			Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: arch}}})
+	}
+	ref, err := name.ParseReference(strings.TrimPrefix(upstreamURL, "http://")+"/"+repo, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteIndex(ref, idx); err != nil {
+		t.Fatal(err)
+	}
+	return idx, amd64
+}
+
+// TestContainerdPullsThroughMirror is the user's path: containerd, told by
+// hosts.toml to use pullproxy as its mirror, pulls a multi-platform image
+// (routed by ns); a second, empty containerd pulls it again from pullproxy's
+// cache without one upstream blob request.
+func TestContainerdPullsThroughMirror(t *testing.T) {
+	ok, reason := containerdtest.Available()
+	requireTool(t, ok, reason)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	up := &upstreamLog{next: registry.New(registry.Logger(log.New(io.Discard, "", 0))), n: map[string]int{}}
+	upstreamSrv := httptest.NewServer(up)
+	defer upstreamSrv.Close()
+	_, img := pushIndex(t, upstreamSrv.URL, "e2e/app:v1")
+	up.take()
+
+	dir := t.TempDir()
+	const host = "registry.test:5000" // never resolvable: a fallback to it would fail loudly
+	proxyURL := startProxy(t, buildBinary(t, dir), "--data-dir", filepath.Join(dir, "data"),
+		"--upstream", host+"="+upstreamSrv.URL)
+
+	want := imageDigests(t, img)
+	for i, name := range []string{"cold", "warm"} {
+		d, err := containerdtest.Start(ctx, t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Stop() })
+		hosts, err := d.WriteHostsDir(host, proxyURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := d.ContentFetch(ctx, hosts, host+"/e2e/app:v1"); err != nil {
+			t.Fatalf("%s pull: %v\n%s", name, err, out)
+		}
+		have, err := d.ContentDigests(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range want {
+			if !slices.Contains(have, w) {
+				t.Errorf("%s pull: containerd lacks %s", name, w)
+			}
+		}
+		got := up.take()
+		t.Logf("%s pull: upstream requests %v", name, got)
+		if i == 0 && got["GET blobs"] != len(want)-1 { // every layer and the config, once
+			t.Errorf("cold pull: %d upstream blob GETs, want %d", got["GET blobs"], len(want)-1)
+		}
+		if i == 1 && got["GET blobs"] != 0 {
+			t.Errorf("warm pull: %d upstream blob GETs, want 0", got["GET blobs"])
+		}
+		d.Stop()
+	}
+}
+
+// imageDigests lists an image's manifest, config and layer digests.
+func imageDigests(t *testing.T, img v1.Image) []string {
+	t.Helper()
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := img.Digest()
+	out := []string{d.String(), m.Config.Digest.String()}
+	for _, l := range m.Layers {
+		out = append(out, l.Digest.String())
+	}
+	return out
+}
+
+// TestSkopeoPathPrefixPull is CRI-O's path: a mirror location with the
+// upstream's name as the first path component, no ns, no HEAD.
+func TestSkopeoPathPrefixPull(t *testing.T) {
+	_, err := exec.LookPath("skopeo")
+	requireTool(t, err == nil, "skopeo is not installed (apt-get install skopeo)")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	upstreamSrv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	defer upstreamSrv.Close()
+	_, img := pushIndex(t, upstreamSrv.URL, "e2e/app:v1")
+	dir := t.TempDir()
+	proxyURL := startProxy(t, buildBinary(t, dir), "--data-dir", filepath.Join(dir, "data"),
+		"--upstream", "quay.test="+upstreamSrv.URL)
+
+	dest := filepath.Join(dir, "oci")
+	src := "docker://" + strings.TrimPrefix(proxyURL, "http://") + "/quay.test/e2e/app:v1"
+	out, err := exec.CommandContext(ctx, "skopeo", "--override-os", "linux", "--override-arch", "amd64",
+		"copy", "--src-tls-verify=false", src, "oci:"+dest+":v1").CombinedOutput()
+	if err != nil {
+		t.Fatalf("skopeo copy %s: %v\n%s", src, err, out)
+	}
+	m, err := img.Manifest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range m.Layers {
+		if _, err := os.Stat(filepath.Join(dest, "blobs", "sha256", l.Digest.Hex)); err != nil {
+			t.Errorf("layer %s missing from the copy: %v", l.Digest, err)
+		}
+	}
+}
