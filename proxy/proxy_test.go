@@ -86,7 +86,9 @@ func TestRegistryAPI(t *testing.T) {
 			}
 		}
 		if tc.code != "" {
-			var oe struct{ Errors []struct{ Code, Message string } }
+			var oe struct {
+				Errors []struct{ Code, Message string }
+			}
 			if err := json.Unmarshal(body, &oe); err != nil || len(oe.Errors) == 0 {
 				t.Errorf("%s: body %q is not OCI error JSON", tc.name, body)
 			} else if oe.Errors[0].Code != tc.code {

@@ -69,8 +69,8 @@ upstreams:
 			upstreams: map[string][]string{"docker.io": {"https://mirror.example"}, "ghcr.io": {"https://ghcr.io"}},
 		},
 		{
-			name: "flags override the file",
-			args: []string{"--config", file, "--listen", ":7000", "--data-dir", "/d", "--upstream", "docker.io=https://other.example", "--upstream", "quay.io=https://quay.io"},
+			name:   "flags override the file",
+			args:   []string{"--config", file, "--listen", ":7000", "--data-dir", "/d", "--upstream", "docker.io=https://other.example", "--upstream", "quay.io=https://quay.io"},
 			listen: ":7000", dataDir: "/d", tagTTL: 30 * time.Second,
 			upstreams: map[string][]string{"docker.io": {"https://other.example"}, "ghcr.io": {"https://ghcr.io"}, "quay.io": {"https://quay.io"}},
 		},
