@@ -87,6 +87,8 @@ func hint(err error) string {
 		return "the credentials lack pull permission on this repository"
 	case errors.Is(err, upstream.ErrTooManyRequests):
 		return "the upstream is rate limiting this address: authenticate, or pre-seed the images"
+	case strings.Contains(msg, "no space left on device"):
+		return "the data dir's disk is full: free space or give pullproxy a larger volume"
 	case strings.Contains(msg, "no such host"):
 		return "DNS cannot resolve the endpoint: check its URL and the resolver"
 	case strings.Contains(msg, "x509:"), strings.Contains(msg, "tls:"):

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"io"
 	"io/fs"
 	"os"
 	"sync"
@@ -196,6 +197,13 @@ func (p *Partial) verify() error {
 	if err := p.catchUpHash(prefix); err != nil {
 		return err
 	}
+	// The running hash vouches for the bytes written, not for the file: check
+	// that nothing else truncated or extended it.
+	if fi, err := p.f.Stat(); err != nil {
+		return fmt.Errorf("committing %s: %w", p.digest, err)
+	} else if fi.Size() != size {
+		return fmt.Errorf("committing %s: file holds %d bytes, not %d: %w", p.digest, fi.Size(), size, ErrSizeMismatch)
+	}
 	p.hashMu.Lock()
 	got := digest.NewDigest(p.digest.Algorithm(), p.hasher)
 	p.hashMu.Unlock()
@@ -262,16 +270,19 @@ func (p *Partial) WaitSize(ctx context.Context) (int64, error) {
 
 // WaitAvailable blocks until bytes from off on may be read, and returns how
 // many may be read from off. Until the digest is verified the last HoldBack
-// bytes are withheld. It returns the download's error if it fails first, or
-// ctx's error.
+// bytes are withheld. It returns io.EOF for an offset at or past the end, the
+// download's error if it fails first, or ctx's error.
 func (p *Partial) WaitAvailable(ctx context.Context, off int64) (int64, error) {
 	for {
 		p.mu.Lock()
 		n := p.availableLocked(off)
-		err, changed := p.err, p.changed
+		size, err, changed := p.size, p.err, p.changed
 		p.mu.Unlock()
 		if n > 0 {
 			return n, nil
+		}
+		if size >= 0 && off >= size {
+			return 0, io.EOF
 		}
 		if err != nil {
 			return 0, err
@@ -299,26 +310,21 @@ func (p *Partial) availableLocked(off int64) int64 {
 // Open returns a read-only handle on the download's bytes, valid across the
 // commit (which renames the file) and after it. The caller closes it.
 func (p *Partial) Open() (*os.File, error) {
-	for range 3 {
-		p.mu.Lock()
-		path, err := p.path, p.err
-		if p.committed != "" {
-			path = p.committed
-		}
-		p.mu.Unlock()
-		if err != nil {
-			return nil, err
-		}
+	// The rename is atomic, so the file is always at one of the two paths;
+	// looking at the partial path first cannot miss a rename in between.
+	for _, path := range []string{p.path, p.store.blobPath(p.digest)} {
 		f, err := os.Open(path)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // renamed by a commit, or removed by a failure, between the two steps
+		if err == nil {
+			return f, nil
 		}
-		if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("opening download of %s: %w", p.digest, err)
 		}
-		return f, nil
 	}
-	return nil, fmt.Errorf("opening download of %s: file keeps moving", p.digest)
+	if err := p.Err(); err != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("opening download of %s: %w", p.digest, ErrNotFound)
 }
 
 func (p *Partial) notifyLocked() {
