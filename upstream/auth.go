@@ -108,16 +108,19 @@ func (c *tokenCache) forget(key string) {
 }
 
 // get returns a token for the challenge and scope, fetching it if needed.
+// Concurrent callers share one fetch, which runs detached from any one of
+// them, so a caller that gives up neither waits for it nor cancels it.
 func (c *tokenCache) get(ctx context.Context, ch challenge, scope string) (string, string, error) {
 	realm, service := ch.params["realm"], ch.params["service"]
 	if realm == "" {
 		return "", "", errors.New("bearer challenge names no realm")
 	}
 	key := tokenKey(realm, service, scope)
-	if v, ok := c.cached(key); ok {
-		return v, key, nil
-	}
 	c.mu.Lock()
+	if t, ok := c.tokens[key]; ok && time.Now().Before(t.refreshAt) {
+		c.mu.Unlock()
+		return t.value, key, nil
+	}
 	f, joined := c.inflight[key]
 	if !joined {
 		f = &tokenFetch{done: make(chan struct{})}
@@ -125,17 +128,18 @@ func (c *tokenCache) get(ctx context.Context, ch challenge, scope string) (strin
 	}
 	c.mu.Unlock()
 	if !joined {
-		// Detached from the caller: others may be waiting on this fetch.
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		f.tok, f.err = c.fetch(fctx, realm, service, scope)
-		cancel()
-		c.mu.Lock()
-		delete(c.inflight, key)
-		if f.err == nil {
-			c.tokens[key] = f.tok
-		}
-		c.mu.Unlock()
-		close(f.done)
+		go func() {
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			f.tok, f.err = c.fetch(fctx, realm, service, scope)
+			c.mu.Lock()
+			delete(c.inflight, key)
+			if f.err == nil {
+				c.tokens[key] = f.tok
+			}
+			c.mu.Unlock()
+			close(f.done)
+		}()
 	}
 	select {
 	case <-f.done:
@@ -164,11 +168,19 @@ func (c *tokenCache) fetch(ctx context.Context, realm, service, scope string) (t
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return token{}, fmt.Errorf("getting token from %s: %w", u.Host, err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // its URL would repeat the scope and realm at length
+		}
+		return token{}, fmt.Errorf("getting token from %s: %w: %w", u.Host, ErrUnavailable, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return token{}, fmt.Errorf("getting token from %s: %s", u.Host, resp.Status)
+		kind := ErrUnauthorized
+		if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests {
+			kind = ErrUnavailable
+		}
+		return token{}, fmt.Errorf("getting token from %s: %w: %s", u.Host, kind, resp.Status)
 	}
 	var body struct {
 		Token       string    `json:"token"`

@@ -85,7 +85,7 @@ func (r *Registry) fetchFrom(ctx context.Context, repo string, d digest.Digest, 
 		return start, err
 	}
 	defer resp.Body.Close()
-	host := resp.Request.URL.Host // after redirects: where the bytes come from
+	host := responseHost(resp) // after redirects: where the bytes come from
 	fail := func(kind error, cause error, format string, a ...any) *Error {
 		return &Error{Upstream: r.name, Endpoint: host, Op: q.op(), Status: resp.StatusCode,
 			Kind: kind, Err: cause, Message: fmt.Sprintf(format, a...)}

@@ -51,7 +51,8 @@ func NormalizeRepository(upstream, repo string) string {
 }
 
 // Redirects: blob GETs are redirected to object storage (ECR → presigned S3,
-// Docker Hub → its CDN). net/http drops the Authorization header when a
-// redirect leaves the original host, which is what S3 requires (it rejects a
-// request carrying a second auth mechanism with 400); we rely on that rather
-// than re-implementing redirect handling. https://pkg.go.dev/net/http#Client
+// Docker Hub → its CDN). net/http follows them and drops the Authorization
+// header unless the new host is the same name or a subdomain of it, which
+// covers S3 (it rejects a request carrying a second auth mechanism with 400)
+// and the CDNs; we rely on that rather than re-implementing redirects.
+// https://pkg.go.dev/net/http#Client

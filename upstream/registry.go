@@ -193,16 +193,20 @@ func isOK(status int, ok []int) bool {
 // send performs q against one endpoint, answering a bearer challenge once.
 func (r *Registry) send(ctx context.Context, ep *url.URL, q request) (*http.Response, error) {
 	scope := "repository:" + q.repo + ":pull"
-	var auth string
+	var auth, cachedKey string
 	if v, ok := r.challenges.Load(ep.Host); ok {
 		ch := v.(challenge)
-		if tok, ok := r.tokens.cached(tokenKey(ch.params["realm"], ch.params["service"], scope)); ok {
-			auth = "Bearer " + tok
+		key := tokenKey(ch.params["realm"], ch.params["service"], scope)
+		if tok, ok := r.tokens.cached(key); ok {
+			auth, cachedKey = "Bearer "+tok, key
 		}
 	}
 	resp, err := r.sendOnce(ctx, ep, q, auth)
 	if err != nil || resp.StatusCode != http.StatusUnauthorized {
 		return resp, err
+	}
+	if cachedKey != "" {
+		r.tokens.forget(cachedKey) // rotated or revoked before its time
 	}
 	ch, ok := parseChallenge(resp.Header.Get("WWW-Authenticate"))
 	if !ok || ch.scheme != "bearer" {
@@ -213,8 +217,14 @@ func (r *Registry) send(ctx context.Context, ep *url.URL, q request) (*http.Resp
 	r.challenges.Store(ep.Host, ch)
 	tok, key, err := r.tokens.get(ctx, ch, scope)
 	if err != nil {
-		return nil, &Error{Upstream: r.name, Endpoint: ep.Host, Op: q.op(), Status: http.StatusUnauthorized,
-			Kind: ErrUnauthorized, Err: err}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		kind := ErrUnauthorized
+		if errors.Is(err, ErrUnavailable) {
+			kind = ErrUnavailable
+		}
+		return nil, &Error{Upstream: r.name, Endpoint: ep.Host, Op: q.op(), Status: http.StatusUnauthorized, Kind: kind, Err: err}
 	}
 	resp, err = r.sendOnce(ctx, ep, q, "Bearer "+tok)
 	if err == nil && resp.StatusCode == http.StatusUnauthorized {
@@ -272,7 +282,7 @@ func (r *Registry) GetManifest(ctx context.Context, repo, ref string, accept []s
 	}
 	defer resp.Body.Close()
 	invalid := func(format string, a ...any) error {
-		return &Error{Upstream: r.name, Endpoint: resp.Request.URL.Host, Op: q.op(), Status: resp.StatusCode,
+		return &Error{Upstream: r.name, Endpoint: responseHost(resp), Op: q.op(), Status: resp.StatusCode,
 			Kind: ErrInvalid, Message: fmt.Sprintf(format, a...)}
 	}
 	if resp.ContentLength > MaxManifestSize {
@@ -280,7 +290,7 @@ func (r *Registry) GetManifest(ctx context.Context, repo, ref string, accept []s
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxManifestSize+1))
 	if err != nil {
-		return Descriptor{}, nil, r.transportError(resp.Request.URL.Host, q.op(), err)
+		return Descriptor{}, nil, r.transportError(responseHost(resp), q.op(), err)
 	}
 	if len(body) > MaxManifestSize {
 		return Descriptor{}, nil, invalid("manifest is over the %d-byte limit", MaxManifestSize)
@@ -313,4 +323,12 @@ func mediaType(contentType string) string {
 		return ""
 	}
 	return mt
+}
+
+// responseHost is the host that sent resp: after redirects, not the endpoint.
+func responseHost(resp *http.Response) string {
+	if resp.Request == nil || resp.Request.URL == nil {
+		return ""
+	}
+	return resp.Request.URL.Host
 }
