@@ -135,7 +135,7 @@ type blobServer struct {
 	requests  atomic.Int64
 }
 
-func newBlobServer(t *testing.T, content []byte) (*blobServer, *httptest.Server) {
+func newBlobServer(t testing.TB, content []byte) (*blobServer, *httptest.Server) {
 	b := &blobServer{content: content, digest: digest.FromBytes(content)}
 	srv := httptest.NewServer(b)
 	t.Cleanup(srv.Close)
@@ -212,7 +212,7 @@ type writerFunc struct {
 
 func (w writerFunc) Write(p []byte) (int, error) { return w.out.Write(p) }
 
-func blobEnv(t *testing.T, b *blobServer, srv *httptest.Server) *env {
+func blobEnv(t testing.TB, b *blobServer, srv *httptest.Server) *env {
 	e := &env{t: t, dir: t.TempDir(), upstream: srv, counter: &counter{counts: map[string]int{}}}
 	e.start(srv.URL)
 	return e

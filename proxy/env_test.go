@@ -73,7 +73,7 @@ func (c *counter) reset() {
 
 // env is an upstream registry, a store and a proxy in front of them.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	upstream *httptest.Server
 	counter  *counter
 	dir      string
@@ -85,7 +85,7 @@ type env struct {
 
 // newEnv starts an in-process registry (go-containerregistry's) as the
 // upstream named upstreamName, and a proxy for it with opts added.
-func newEnv(t *testing.T, opts ...Option) *env {
+func newEnv(t testing.TB, opts ...Option) *env {
 	t.Helper()
 	c := &counter{next: registry.New(registry.Logger(log.New(io.Discard, "", 0))), counts: map[string]int{}}
 	e := &env{t: t, counter: c, dir: t.TempDir()}
@@ -168,7 +168,7 @@ func (e *env) get(method, path string, header http.Header) (*http.Response, []by
 	return resp, body
 }
 
-func layerDigest(t *testing.T, img v1.Image, i int) (digest.Digest, []byte) {
+func layerDigest(t testing.TB, img v1.Image, i int) (digest.Digest, []byte) {
 	t.Helper()
 	layers, err := img.Layers()
 	if err != nil {
@@ -190,7 +190,7 @@ func layerDigest(t *testing.T, img v1.Image, i int) (digest.Digest, []byte) {
 	return digest.Digest(h.String()), b
 }
 
-func randomBytes(t *testing.T, n int) []byte {
+func randomBytes(t testing.TB, n int) []byte {
 	t.Helper()
 	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
@@ -200,11 +200,11 @@ func randomBytes(t *testing.T, n int) []byte {
 }
 
 // testLog sends the proxy's log to the test's log, shown only on failure.
-func testLog(t *testing.T) *slog.Logger {
+func testLog(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(string(bytes.TrimRight(b, "\n")))
