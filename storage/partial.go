@@ -32,7 +32,8 @@ type Partial struct {
 	mu        sync.Mutex
 	size      int64 // -1 until known
 	done      spans
-	changed   chan struct{} // closed and replaced on every change
+	changed   chan struct{} // closed and replaced on a change, if watched
+	watched   bool          // a waiter holds changed
 	committed string        // path of the verified blob, once committed
 	err       error         // why the download failed, once it has
 
@@ -252,7 +253,7 @@ func (p *Partial) Committed() bool {
 func (p *Partial) WaitSize(ctx context.Context) (int64, error) {
 	for {
 		p.mu.Lock()
-		size, err, changed := p.size, p.err, p.changed
+		size, err, changed := p.size, p.err, p.watch()
 		p.mu.Unlock()
 		if size >= 0 {
 			return size, nil
@@ -276,7 +277,7 @@ func (p *Partial) WaitAvailable(ctx context.Context, off int64) (int64, error) {
 	for {
 		p.mu.Lock()
 		n := p.availableLocked(off)
-		size, err, changed := p.size, p.err, p.changed
+		size, err, changed := p.size, p.err, p.watch()
 		p.mu.Unlock()
 		if n > 0 {
 			return n, nil
@@ -327,7 +328,19 @@ func (p *Partial) Open() (*os.File, error) {
 	return nil, fmt.Errorf("opening download of %s: %w", p.digest, ErrNotFound)
 }
 
+// watch returns the channel the next change closes. Called with mu held.
+func (p *Partial) watch() <-chan struct{} {
+	p.watched = true
+	return p.changed
+}
+
+// notifyLocked wakes the waiters. Writes with nobody waiting, the common
+// case on the blob path, allocate nothing.
 func (p *Partial) notifyLocked() {
+	if !p.watched {
+		return
+	}
 	close(p.changed)
 	p.changed = make(chan struct{})
+	p.watched = false
 }
