@@ -9,6 +9,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // errStored tells a joiner that the blob was committed while it looked: serve
@@ -28,9 +29,10 @@ type downloads struct {
 }
 
 type download struct {
-	ready   chan struct{} // closed once partial or err is set
-	partial *storage.Partial
-	err     error
+	ready    chan struct{} // closed once partial or err is set
+	finished chan struct{} // closed once the download has left the table
+	partial  *storage.Partial
+	err      error
 }
 
 func newDownloads(s *Server, timeout time.Duration) *downloads {
@@ -40,29 +42,49 @@ func newDownloads(s *Server, timeout time.Duration) *downloads {
 // join returns the download of d, starting it from rt's upstream if none is
 // running. It returns errStored if d was committed meanwhile.
 func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (*storage.Partial, error) {
-	t.mu.Lock()
-	dl, running := t.m[d]
-	if !running {
-		dl = &download{ready: make(chan struct{})}
-		t.m[d] = dl
-	}
-	t.mu.Unlock()
-
-	if running {
+	for {
+		t.mu.Lock()
+		dl, running := t.m[d]
+		if !running {
+			dl = &download{ready: make(chan struct{}), finished: make(chan struct{})}
+			t.m[d] = dl
+		}
+		t.mu.Unlock()
+		if !running {
+			return t.start(ctx, rt, d, dl)
+		}
 		select {
 		case <-dl.ready:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if dl.err != nil || dl.partial.Err() == nil {
 			return dl.partial, dl.err
+		}
+		// It failed and is on its way out: wait, then start afresh (from
+		// the bytes it kept).
+		select {
+		case <-dl.finished:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
+}
 
+// start opens the partial download of d claimed by dl and runs it.
+func (t *downloads) start(ctx context.Context, rt route, d digest.Digest, dl *download) (*storage.Partial, error) {
 	// A download that ended between the caller's store lookup and our
 	// claim committed the blob before leaving the table: look again.
 	if _, err := t.srv.store.StatBlob(ctx, d); err == nil {
 		dl.err = errStored
 	} else {
-		dl.partial, dl.err = t.srv.store.NewPartial(ctx, d, -1)
+		// The size a manifest declared, when one was served: the upstream's
+		// own claim is then checked against it.
+		size, err := t.srv.store.DeclaredSize(ctx, d)
+		if err != nil {
+			size = -1
+		}
+		dl.partial, dl.err = t.srv.store.NewPartial(ctx, d, size)
 	}
 	close(dl.ready)
 	if dl.err != nil {
@@ -86,9 +108,12 @@ func (t *downloads) run(rt route, dl *download) {
 	log.Info("blob download started")
 
 	err := rt.up.FetchBlob(ctx, rt.repo, d, p)
-	if err == nil {
-		err = p.Commit(ctx)
-	} else {
+	switch {
+	case err == nil:
+		err = p.Commit(ctx) // fails (and discards) on a digest mismatch
+	case keepPartial(err):
+		p.Abandon(err) // the next download of d resumes from here
+	default:
 		p.Fail(err)
 	}
 	t.remove(d, dl)
@@ -112,6 +137,7 @@ func (t *downloads) remove(d digest.Digest, dl *download) {
 		delete(t.m, d)
 	}
 	t.mu.Unlock()
+	close(dl.finished)
 }
 
 // lookup returns the running download of d, if any, without starting one.
@@ -128,4 +154,12 @@ func (t *downloads) lookup(d digest.Digest) *storage.Partial {
 	default:
 		return nil
 	}
+}
+
+// keepPartial tells whether the bytes of a failed download are worth keeping
+// for the next attempt: yes when the upstream or the network failed, no when
+// the content itself is in doubt or does not exist.
+func keepPartial(err error) bool {
+	return !errors.Is(err, upstream.ErrInvalid) && !errors.Is(err, upstream.ErrNotFound) &&
+		!errors.Is(err, storage.ErrSizeMismatch) && !errors.Is(err, storage.ErrDigestMismatch)
 }

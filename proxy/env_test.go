@@ -31,7 +31,8 @@ import (
 const upstreamName = "registry.test"
 
 // counter counts upstream requests by "METHOD kind", kind being manifests or
-// blobs, and by "METHOD ref" (a tag or digest), and can make the upstream fail.
+// blobs, by "METHOD ref" (a tag or digest) and body bytes by "bytes ref", and
+// can make the upstream fail.
 type counter struct {
 	next http.Handler
 	down atomic.Bool // answer 503 to everything
@@ -56,7 +57,25 @@ func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.counts[r.Method+" "+kind]++
 	c.counts[r.Method+" "+path.Base(r.URL.Path)]++ // per digest or tag
 	c.mu.Unlock()
-	c.next.ServeHTTP(w, r)
+	cw := &countingWriter{ResponseWriter: w}
+	c.next.ServeHTTP(cw, r)
+	c.mu.Lock()
+	if r.Method == http.MethodGet { // net/http drops what a HEAD handler writes
+		c.counts["bytes "+path.Base(r.URL.Path)] += int(cw.n)
+	}
+	c.mu.Unlock()
+}
+
+// countingWriter counts body bytes.
+type countingWriter struct {
+	http.ResponseWriter
+	n int64
+}
+
+func (w *countingWriter) Write(b []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
 }
 
 func (c *counter) count(key string) int {

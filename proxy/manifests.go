@@ -175,7 +175,34 @@ func (s *Server) putManifest(ctx context.Context, desc upstream.Descriptor, body
 	if err := s.store.PutBlob(ctx, desc.Digest, body); err != nil {
 		return err
 	}
+	if err := s.store.SetDeclaredSizes(ctx, declaredSizes(body)); err != nil {
+		s.log.Warn("recording the sizes a manifest declares", "digest", desc.Digest, "err", err)
+	}
 	return s.store.SetMediaType(ctx, desc.Digest, desc.MediaType)
+}
+
+// declaredSizes lists the sizes a manifest or index declares for what it
+// references: its config and layers, or its manifests.
+func declaredSizes(body []byte) map[digest.Digest]int64 {
+	var m struct {
+		Config    *ocispec.Descriptor  `json:"config"`
+		Layers    []ocispec.Descriptor `json:"layers"`
+		Manifests []ocispec.Descriptor `json:"manifests"`
+	}
+	if json.Unmarshal(body, &m) != nil {
+		return nil
+	}
+	out := map[digest.Digest]int64{}
+	descs := append(m.Layers, m.Manifests...)
+	if m.Config != nil {
+		descs = append(descs, *m.Config)
+	}
+	for _, d := range descs {
+		if d.Digest.Validate() == nil && d.Size >= 0 {
+			out[d.Digest] = d.Size
+		}
+	}
+	return out
 }
 
 // shared runs fn once for all concurrent callers with the same key, on a

@@ -96,8 +96,8 @@ func TestRegistryAPI(t *testing.T) {
 			}
 		}
 	}
-	if n := e.counter.count("GET " + layer.String()); n != 1 {
-		t.Errorf("upstream GETs of the layer: got %d, want 1", n)
+	if n := e.counter.count("bytes " + layer.String()); n != size {
+		t.Errorf("upstream bytes of the layer: got %d, want %d (fetched once)", n, size)
 	}
 }
 

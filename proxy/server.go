@@ -45,6 +45,8 @@ type Store interface {
 	Touch(ctx context.Context, d digest.Digest) error
 	Tag(ctx context.Context, upstream, repo, tag string) (storage.TagRecord, error)
 	PutTag(ctx context.Context, upstream, repo, tag string, rec storage.TagRecord) error
+	SetDeclaredSizes(ctx context.Context, sizes map[digest.Digest]int64) error
+	DeclaredSize(ctx context.Context, d digest.Digest) (int64, error)
 }
 
 var _ Store = (*storage.Store)(nil)

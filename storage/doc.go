@@ -11,13 +11,16 @@
 //	│           └── ab12…ef          verified content, named by its hex digest
 //	├── partial/
 //	│   └── sha256-ab12…ef           a blob being downloaded, written at its offsets
-//	└── meta/                         Badger: tags, media types, sizes, last access
+//	└── meta/                         Badger: tags, media types, sizes, last access,
+//	                                  download progress
 //
 // A blob reaches blobs/ only by rename after its size and digest have been
 // checked, so a file there is always complete and correct. Files in partial/
 // are never served from cache: a reader of an in-flight blob goes through the
-// Partial that owns it. A restart keeps both; partial files left by a crash
-// are removed at Open until downloads can resume them.
+// Partial that owns it. A download's progress (the ranges written, the
+// running hash) is checkpointed in Badger under partial/<digest>, so a
+// restart, even after kill -9, resumes it; a partial file without such a
+// record is removed at Open.
 //
 // The package imports neither proxy nor upstream.
 package storage

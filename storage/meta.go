@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -17,9 +18,12 @@ import (
 //
 //	tag/<upstream>/<repository>:<tag>  → TagRecord
 //	blob/<digest>                      → BlobRecord
+//	declared/<digest>                  → size a manifest declares for the blob
+//	partial/<digest>                   → a download's progress (checkpoint.go)
 const (
-	tagPrefix  = "tag/"
-	blobPrefix = "blob/"
+	tagPrefix      = "tag/"
+	blobPrefix     = "blob/"
+	declaredPrefix = "declared/"
 )
 
 // touchInterval bounds how often serving a blob rewrites its last-access
@@ -101,6 +105,48 @@ func (s *Store) SetMediaType(ctx context.Context, d digest.Digest, mediaType str
 		rec.MediaType = mediaType
 		return true
 	})
+}
+
+// SetDeclaredSizes records the sizes manifests declare for blobs, so that a
+// download knows what to expect before the upstream says anything.
+func (s *Store) SetDeclaredSizes(ctx context.Context, sizes map[digest.Digest]int64) error {
+	if len(sizes) == 0 {
+		return nil
+	}
+	err := s.db.Update(func(txn *badger.Txn) error {
+		for d, n := range sizes {
+			if err := txn.Set([]byte(declaredPrefix+d.String()), []byte(strconv.FormatInt(n, 10))); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("recording declared sizes: %w", err)
+	}
+	return nil
+}
+
+// DeclaredSize returns the size a manifest declared for d, or ErrNotFound.
+func (s *Store) DeclaredSize(ctx context.Context, d digest.Digest) (int64, error) {
+	var n int64
+	err := s.db.View(func(txn *badger.Txn) error {
+		item, err := txn.Get([]byte(declaredPrefix + d.String()))
+		if errors.Is(err, badger.ErrKeyNotFound) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return err
+		}
+		return item.Value(func(b []byte) error {
+			n, err = strconv.ParseInt(string(b), 10, 64)
+			return err
+		})
+	})
+	if err != nil {
+		return -1, fmt.Errorf("declared size of %s: %w", d, err)
+	}
+	return n, nil
 }
 
 // Touch records that d was served now. It writes at most once per hour per blob.

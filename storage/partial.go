@@ -8,7 +8,10 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -34,6 +37,7 @@ type Partial struct {
 	done      spans
 	changed   chan struct{} // closed and replaced on a change, if watched
 	watched   bool          // a waiter holds changed
+	wanted    []int64       // offsets readers wait at, one entry per waiting reader
 	committed string        // path of the verified blob, once committed
 	err       error         // why the download failed, once it has
 
@@ -42,10 +46,17 @@ type Partial struct {
 	hasher hash.Hash
 	hashed int64
 	buf    []byte // catch-up buffer for hashing bytes written out of order
+
+	// Progress checkpoints (see checkpoint.go).
+	unsaved       int64       // bytes written since the last checkpoint; under mu
+	savedAt       time.Time   // time of the last checkpoint; under mu
+	recorded      atomic.Bool // a progress record exists
+	checkpointing atomic.Bool
 }
 
-// NewPartial starts a download of d, discarding any earlier partial file.
-// size is the expected size, or -1 when it will be learned from upstream.
+// NewPartial starts a download of d, or resumes the one an earlier run left
+// if it was recorded (see checkpoint.go). size is the expected size, or -1
+// when it will be learned from upstream.
 func (s *Store) NewPartial(ctx context.Context, d digest.Digest, size int64) (*Partial, error) {
 	if err := validate(d); err != nil {
 		return nil, err
@@ -53,20 +64,15 @@ func (s *Store) NewPartial(ctx context.Context, d digest.Digest, size int64) (*P
 	if !d.Algorithm().Available() {
 		return nil, fmt.Errorf("digest %s: algorithm %s is not supported", d, d.Algorithm())
 	}
+	if p, ok := s.resume(ctx, d, size); ok {
+		return p, nil
+	}
 	path := s.partialPath(d)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("starting download of %s: %w", d, err)
 	}
-	p := &Partial{
-		store:   s,
-		digest:  d,
-		path:    path,
-		f:       f,
-		size:    -1,
-		changed: make(chan struct{}),
-		hasher:  d.Algorithm().Hash(),
-	}
+	p := newPartial(s, d, f)
 	if size >= 0 {
 		if err := p.SetSize(size); err != nil {
 			f.Close()
@@ -75,6 +81,19 @@ func (s *Store) NewPartial(ctx context.Context, d digest.Digest, size int64) (*P
 		}
 	}
 	return p, nil
+}
+
+func newPartial(s *Store, d digest.Digest, f *os.File) *Partial {
+	return &Partial{
+		store:   s,
+		digest:  d,
+		path:    f.Name(),
+		f:       f,
+		size:    -1,
+		changed: make(chan struct{}),
+		hasher:  d.Algorithm().Hash(),
+		savedAt: time.Now(),
+	}
 }
 
 // Digest returns the digest the download must match.
@@ -131,6 +150,9 @@ func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
 		if err == nil {
 			err = p.catchUpHash(prefix)
 		}
+		if err == nil {
+			p.maybeCheckpoint(n)
+		}
 	}
 	if err != nil {
 		return n, fmt.Errorf("writing %s at %d: %w", p.digest, off, err)
@@ -157,6 +179,30 @@ func (p *Partial) catchUpHash(prefix int64) error {
 	return nil
 }
 
+// Missing returns the first range at or after off not yet written, as
+// [start, end); start == end when nothing is missing or the size is unknown.
+func (p *Partial) Missing(off int64) (start, end int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.size < 0 {
+		return off, off
+	}
+	return p.done.gap(off, p.size)
+}
+
+// Wanted returns the offsets readers are waiting at, ascending, so that a
+// fetcher can get those bytes first.
+func (p *Partial) Wanted() []int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.wanted) == 0 {
+		return nil
+	}
+	out := slices.Clone(p.wanted)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // Written returns the length of the contiguous prefix written so far.
 func (p *Partial) Written() int64 {
 	p.mu.Lock()
@@ -181,6 +227,7 @@ func (p *Partial) Commit(ctx context.Context) error {
 	p.committed = final
 	p.notifyLocked()
 	p.mu.Unlock()
+	p.dropRecord()
 	// The blob is in place; a lost record only costs its last-access time.
 	if err := p.store.recordBlob(ctx, p.digest, size); err != nil {
 		p.store.log.Warn("recording committed blob", "digest", p.digest, "err", err)
@@ -214,24 +261,46 @@ func (p *Partial) verify() error {
 	return nil
 }
 
-// Fail abandons the download: waiting readers get err, and the partial file is
-// removed. Failing a committed or already failed download does nothing.
+// Fail ends the download and discards its bytes: waiting readers get err,
+// the partial file and its progress record are removed. Failing a committed
+// or already ended download does nothing.
 func (p *Partial) Fail(err error) {
+	if !p.end(err) {
+		return
+	}
+	p.f.Close()
+	p.dropRecord()
+	if rmErr := os.Remove(p.path); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) {
+		p.store.log.Warn("removing failed download", "path", p.path, "err", rmErr)
+	}
+}
+
+// Abandon ends the download but keeps its bytes for the next one: waiting
+// readers get err, and the progress is recorded so that a later NewPartial
+// of the same digest resumes where this one stopped.
+func (p *Partial) Abandon(err error) {
+	if !p.end(err) {
+		return
+	}
+	if err := p.checkpoint(); err != nil {
+		p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
+	}
+	p.f.Close()
+}
+
+// end marks the download ended with err, and reports whether it was running.
+func (p *Partial) end(err error) bool {
 	if err == nil {
 		err = errors.New("download abandoned")
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.committed != "" || p.err != nil {
-		p.mu.Unlock()
-		return
+		return false
 	}
 	p.err = err
 	p.notifyLocked()
-	p.mu.Unlock()
-	p.f.Close()
-	if rmErr := os.Remove(p.path); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) {
-		p.store.log.Warn("removing failed download", "path", p.path, "err", rmErr)
-	}
+	return true
 }
 
 // Err returns why the download failed, or nil.
@@ -277,21 +346,30 @@ func (p *Partial) WaitAvailable(ctx context.Context, off int64) (int64, error) {
 	for {
 		p.mu.Lock()
 		n := p.availableLocked(off)
-		size, err, changed := p.size, p.err, p.watch()
-		p.mu.Unlock()
-		if n > 0 {
-			return n, nil
-		}
-		if size >= 0 && off >= size {
+		size, err := p.size, p.err
+		if n > 0 || err != nil || (size >= 0 && off >= size) {
+			p.mu.Unlock()
+			switch {
+			case n > 0:
+				return n, nil
+			case err != nil:
+				return 0, err
+			}
 			return 0, io.EOF
 		}
-		if err != nil {
-			return 0, err
+		changed := p.watch()
+		p.wanted = append(p.wanted, off)
+		p.mu.Unlock()
+
+		waitErr := p.wait(ctx, changed)
+
+		p.mu.Lock()
+		if i := slices.Index(p.wanted, off); i >= 0 {
+			p.wanted = slices.Delete(p.wanted, i, i+1)
 		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return 0, ctx.Err()
+		p.mu.Unlock()
+		if waitErr != nil {
+			return 0, waitErr
 		}
 	}
 }
@@ -326,6 +404,15 @@ func (p *Partial) Open() (*os.File, error) {
 		return nil, err
 	}
 	return nil, fmt.Errorf("opening download of %s: %w", p.digest, ErrNotFound)
+}
+
+func (p *Partial) wait(ctx context.Context, changed <-chan struct{}) error {
+	select {
+	case <-changed:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // watch returns the channel the next change closes. Called with mu held.

@@ -19,7 +19,7 @@ import (
 
 // newPartial starts a download in s and abandons it when the test ends unless
 // it was committed.
-func newPartial(t *testing.T, s *Store, d digest.Digest, size int64) *Partial {
+func newTestPartial(t *testing.T, s *Store, d digest.Digest, size int64) *Partial {
 	t.Helper()
 	p, err := s.NewPartial(t.Context(), d, size)
 	if err != nil {
@@ -105,7 +105,7 @@ func TestNewPartial(t *testing.T) {
 	if err := os.WriteFile(s.partialPath(d), []byte("stale bytes"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p := newPartial(t, s, d, 123)
+	p := newTestPartial(t, s, d, 123)
 	if got := p.Digest(); got != d {
 		t.Errorf("Digest(): got %v, want %v", got, d)
 	}
@@ -123,7 +123,7 @@ func TestNewPartial(t *testing.T) {
 		t.Errorf("new download: got committed %v err %v, want false, nil", p.Committed(), p.Err())
 	}
 
-	q := newPartial(t, s, digest.FromString("unknown size"), -1)
+	q := newTestPartial(t, s, digest.FromString("unknown size"), -1)
 	if got := q.Size(); got != -1 {
 		t.Errorf("Size() of unknown size: got %v, want %v", got, -1)
 	}
@@ -153,7 +153,7 @@ func TestPartialInOrderCommit(t *testing.T) {
 			if tc.knownSize {
 				size = tc.size
 			}
-			p := newPartial(t, s, d, size)
+			p := newTestPartial(t, s, d, size)
 			for _, sp := range chunks(tc.size, 64<<10) {
 				writeSpans(t, p, data, []span{sp})
 				if got := p.Written(); got != sp.end {
@@ -235,7 +235,7 @@ func TestPartialOutOfOrderCommit(t *testing.T) {
 			t.Parallel()
 			data := randomBytes(uint64(200+i), size)
 			d := digest.FromBytes(data)
-			p := newPartial(t, s, d, size)
+			p := newTestPartial(t, s, d, size)
 
 			work := make(chan span, len(tc.order))
 			for _, sp := range tc.order {
@@ -291,7 +291,7 @@ func TestPartialCommitDigestMismatch(t *testing.T) {
 			d := digest.FromBytes(want)
 			got := bytes.Clone(want)
 			got[size-1] ^= 0xff // corrupted in the last byte, the one readers would see last
-			p := newPartial(t, s, d, size)
+			p := newTestPartial(t, s, d, size)
 			writeSpans(t, p, got, tc.order(chunks(size, 50000)))
 
 			ctx := t.Context()
@@ -349,7 +349,7 @@ func TestPartialCommitIncomplete(t *testing.T) {
 			t.Parallel()
 			data := randomBytes(uint64(400+i), size+10)
 			d := digest.FromBytes(data[:size])
-			p := newPartial(t, s, d, tc.setSize)
+			p := newTestPartial(t, s, d, tc.setSize)
 			writeSpans(t, p, data, tc.writes)
 			if tc.late >= 0 {
 				if err := p.SetSize(tc.late); err != nil {
@@ -388,7 +388,7 @@ func TestPartialWriteAtPastSize(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			p := newPartial(t, s, digest.FromString(tc.name), tc.size)
+			p := newTestPartial(t, s, digest.FromString(tc.name), tc.size)
 			n, err := p.WriteAt(randomBytes(uint64(500+i), tc.n), tc.off)
 			if !tc.wantErr {
 				if err != nil || n != tc.n {
@@ -441,7 +441,7 @@ func TestPartialSetSize(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			p := newPartial(t, s, digest.FromString(tc.name), tc.initial)
+			p := newTestPartial(t, s, digest.FromString(tc.name), tc.initial)
 			for _, c := range tc.calls {
 				err := p.SetSize(c.n)
 				switch {
@@ -542,7 +542,7 @@ func TestPartialWaitSize(t *testing.T) {
 
 	t.Run("known", func(t *testing.T) {
 		t.Parallel()
-		p := newPartial(t, s, digest.FromString("known"), 7)
+		p := newTestPartial(t, s, digest.FromString("known"), 7)
 		if n, err := p.WaitSize(cancelledContext()); n != 7 || err != nil {
 			t.Errorf("WaitSize of a known size: got %v, %v, want %v, nil", n, err, 7)
 		}
@@ -601,7 +601,7 @@ func TestPartialWaitAvailable(t *testing.T) {
 			if tc.unknown {
 				size = -1
 			}
-			p := newPartial(t, s, digest.FromBytes(data), size)
+			p := newTestPartial(t, s, digest.FromBytes(data), size)
 			writeSpans(t, p, data, tc.writes)
 			if tc.commit {
 				if err := p.Commit(t.Context()); err != nil {
@@ -711,7 +711,7 @@ func TestPartialHoldBackReleasedByCommit(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			data := randomBytes(uint64(800+i), int(tc.size))
-			p := newPartial(t, s, digest.FromBytes(data), tc.size)
+			p := newTestPartial(t, s, digest.FromBytes(data), tc.size)
 			writeSpans(t, p, data, chunks(tc.size, 64<<10))
 			if got := p.Written(); got != tc.size {
 				t.Fatalf("Written(): got %v, want %v", got, tc.size)
@@ -749,7 +749,7 @@ func TestPartialOpenAcrossCommit(t *testing.T) {
 	const size = 2*HoldBack + 3
 	data := randomBytes(900, size)
 	d := digest.FromBytes(data)
-	p := newPartial(t, s, d, -1)
+	p := newTestPartial(t, s, d, -1)
 
 	open := func(when string) *os.File {
 		t.Helper()
@@ -793,7 +793,7 @@ func TestPartialFail(t *testing.T) {
 	t.Run("twice", func(t *testing.T) {
 		t.Parallel()
 		data := randomBytes(1000, 100)
-		p := newPartial(t, s, digest.FromBytes(data), 100)
+		p := newTestPartial(t, s, digest.FromBytes(data), 100)
 		writeSpans(t, p, data, []span{{0, 100}})
 		p.Fail(errFirst)
 		p.Fail(errSecond)
@@ -821,7 +821,7 @@ func TestPartialFail(t *testing.T) {
 
 	t.Run("nil error", func(t *testing.T) {
 		t.Parallel()
-		p := newPartial(t, s, digest.FromString("nil error"), -1)
+		p := newTestPartial(t, s, digest.FromString("nil error"), -1)
 		p.Fail(nil)
 		if err := p.Err(); err == nil {
 			t.Errorf("Err() after Fail(nil): got %v, want an error", err)
@@ -836,7 +836,7 @@ func TestPartialFail(t *testing.T) {
 		t.Parallel()
 		data := randomBytes(1001, 3*HoldBack)
 		d := digest.FromBytes(data)
-		p := newPartial(t, s, d, int64(len(data)))
+		p := newTestPartial(t, s, d, int64(len(data)))
 		writeSpans(t, p, data, chunks(int64(len(data)), 64<<10))
 		if err := p.Commit(t.Context()); err != nil {
 			t.Fatalf("Commit: %v", err)
@@ -864,7 +864,7 @@ func TestPartialFail(t *testing.T) {
 
 	t.Run("writes after Fail", func(t *testing.T) {
 		t.Parallel()
-		p := newPartial(t, s, digest.FromString("writes after fail"), 10)
+		p := newTestPartial(t, s, digest.FromString("writes after fail"), 10)
 		p.Fail(errFirst)
 		if _, err := p.WriteAt([]byte("x"), 0); err == nil {
 			t.Errorf("WriteAt after Fail: got %v, want an error", err)
@@ -881,7 +881,7 @@ func TestPartialConcurrentReaders(t *testing.T) {
 	const readers = 6
 	data := randomBytes(1100, size)
 	d := digest.FromBytes(data)
-	p := newPartial(t, s, d, -1)
+	p := newTestPartial(t, s, d, -1)
 	// A safety net against a hang, not a wait.
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()

@@ -45,3 +45,32 @@ func (s spans) contiguous(off int64) int64 {
 	}
 	return off
 }
+
+// gap returns the first range at or after off, below size, that s does not
+// cover, as [start, end); start == end when there is none.
+func (s spans) gap(off, size int64) (start, end int64) {
+	start = off
+	for _, x := range s {
+		if x.end <= start {
+			continue
+		}
+		if x.start <= start {
+			start = x.end
+			continue
+		}
+		return start, min(x.start, size)
+	}
+	if start >= size {
+		return size, size
+	}
+	return start, size
+}
+
+// total returns the number of bytes covered.
+func (s spans) total() int64 {
+	var n int64
+	for _, x := range s {
+		n += x.end - x.start
+	}
+	return n
+}

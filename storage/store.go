@@ -69,7 +69,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{root: dir, db: db, log: cfg.log}
-	if err := s.reconcile(ctx); err != nil {
+	if err := s.reconcilePartials(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -86,29 +86,6 @@ func (s *Store) Close() error {
 
 // Dir returns the data directory.
 func (s *Store) Dir() string { return s.root }
-
-// reconcile removes partial files: no download resumes them yet, and they are
-// never served, so they are only dead weight. Blobs without metadata are
-// recorded lazily on first use; metadata without a blob reads as absent.
-func (s *Store) reconcile(ctx context.Context) error {
-	dir := filepath.Join(s.root, "partial")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", dir, err)
-	}
-	for _, e := range entries {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
-			return fmt.Errorf("removing stale partial download %s: %w", e.Name(), err)
-		}
-	}
-	if len(entries) > 0 {
-		s.log.Info("removed partial downloads left by an earlier run", "count", len(entries))
-	}
-	return nil
-}
 
 func (s *Store) blobPath(d digest.Digest) string {
 	hex := d.Encoded()

@@ -6,152 +6,522 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
 )
 
-// BlobWriter receives a blob's bytes from FetchBlob, at their offsets.
+// BlobWriter receives a blob's bytes from FetchBlob, at their offsets, in
+// any order and from several goroutines at once.
 type BlobWriter interface {
 	io.WriterAt
 	// Size returns the size the blob must have, or -1 when not yet known.
 	Size() int64
-	// SetSize records the size the upstream reports. It fails when that
-	// contradicts a size already known.
+	// SetSize records the blob's size. It fails when that contradicts a size
+	// already known.
 	SetSize(n int64) error
-	// Written returns the length of the contiguous prefix already written;
-	// a fetch resumes there.
-	Written() int64
+	// Missing returns the first range at or after off not yet written, as
+	// [start, end); start == end when nothing is missing. Needs a known size.
+	Missing(off int64) (start, end int64)
+	// Wanted returns the offsets clients are waiting at, ascending: the
+	// chunks there are fetched first.
+	Wanted() []int64
 }
 
-const (
-	// fetchBufferSize is the read size on the blob path: large enough that
-	// syscalls and writes are few, small enough to pool one per fetch.
-	fetchBufferSize = 256 << 10
-	// maxAttemptsWithoutProgress bounds retries of a blob whose upstream
-	// keeps failing before delivering a single new byte.
-	maxAttemptsWithoutProgress = 5
-)
+// fetchBufferSize is the read size on the blob path, pooled per chunk.
+const fetchBufferSize = 256 << 10
 
-// FetchBlob writes blob d of repo into w, resuming with a Range request from
-// the first missing byte when a connection breaks. It does not verify the
-// digest: w's owner does, once every byte is in.
+// FetchBlob writes blob d of repo into w as HTTP Range requests of at most
+// one connection budget each, several at once, each on a connection of its
+// own. A chunk cut short is re-requested from its first missing byte; an
+// endpoint that keeps failing is left for the next one. The digest is not
+// checked here: w's owner does that once every byte is in.
 func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter) error {
-	bufp := r.buffers.Get().(*[]byte)
-	defer r.buffers.Put(bufp)
-	failures := 0
-	for {
-		start := w.Written()
-		if size := w.Size(); size >= 0 && start == size {
-			return nil
-		}
-		end, err := r.fetchFrom(ctx, repo, d, w, start, *bufp)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+	var err error
+	for i, ep := range r.endpoints {
+		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w}
+		if err = f.run(ctx); err == nil || ctx.Err() != nil {
 			return err
 		}
-		if end > start {
-			failures = 0
-		} else if failures++; failures >= maxAttemptsWithoutProgress {
-			return fmt.Errorf("fetching %s: %d attempts in a row made no progress: %w", d, failures, err)
+		if i+1 < len(r.endpoints) {
+			r.log.Warn("blob fetch failed on an endpoint, trying the next", "digest", d,
+				"endpoint", ep.host, "next", r.endpoints[i+1].host, "err", err)
 		}
-		r.log.Info("blob fetch interrupted, resuming", "digest", d, "offset", end, "err", err)
-		if err := sleep(ctx, backoff(failures)); err != nil {
+	}
+	if len(r.endpoints) > 1 {
+		return fmt.Errorf("fetching %s: every endpoint failed, the last with: %w", d, err)
+	}
+	return err
+}
+
+// blobFetch is one blob being fetched from one endpoint.
+type blobFetch struct {
+	r      *Registry
+	ep     *endpoint
+	repo   string
+	digest digest.Digest
+	w      BlobWriter
+
+	mu        sync.Mutex
+	inflight  []span   // ranges claimed by workers
+	location  *url.URL // where the registry redirected blob GETs: reused until refused
+	noRange   bool     // the endpoint ignores Range: one stream from the first missing byte
+	streaming bool     // with noRange: a worker holds the stream
+	stream    int64    // with streaming: the start of the chunk that holds it
+	sizing    bool     // size unknown: a worker is fetching the first chunk
+	failures  int      // attempts in a row without a new byte
+	warned    bool     // the size disagreement was logged
+}
+
+type span struct{ start, end int64 }
+
+func (f *blobFetch) run(ctx context.Context) error {
+	if err := f.learnSize(ctx); err != nil {
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	for range f.r.fetch.Parallel {
+		g.Go(func() error { return f.worker(gctx) })
+	}
+	return g.Wait()
+}
+
+// learnSize asks the endpoint for the blob's size with a HEAD, so that every
+// chunk can ask for a range inside the blob (some registries refuse a range
+// that runs past the end). Where HEAD gives no answer the first chunk does.
+func (f *blobFetch) learnSize(ctx context.Context) error {
+	q := request{method: http.MethodHead, repo: f.repo, path: "blobs/" + f.digest.String()}
+	resp, err := f.r.send(ctx, f.ep.url, q)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	switch {
+	case resp.StatusCode == http.StatusOK && resp.ContentLength >= 0:
+		return f.checkSize(resp.ContentLength, responseHost(resp))
+	case resp.StatusCode == http.StatusNotFound, resp.StatusCode == http.StatusUnauthorized,
+		resp.StatusCode == http.StatusForbidden, resp.StatusCode == http.StatusTooManyRequests:
+		return f.r.statusError(f.ep.host, q.op(), resp)
+	}
+	return nil
+}
+
+// checkSize compares the size the upstream claims with the size expected.
+// A larger claim is logged and the declared bytes are fetched: ranges inside
+// the declared size still yield the right content when an upload was stored
+// twice. A smaller one cannot be right.
+func (f *blobFetch) checkSize(claimed int64, host string) error {
+	declared := f.w.Size()
+	if declared < 0 {
+		return f.w.SetSize(claimed)
+	}
+	if claimed == declared {
+		return nil
+	}
+	if claimed < declared {
+		return &Error{Upstream: f.r.name, Endpoint: host, Op: "GET /v2/" + f.repo + "/blobs/" + f.digest.String(),
+			Kind: ErrInvalid, Message: fmt.Sprintf("the upstream holds %s as %d bytes, fewer than the %d the manifest declares",
+				f.digest, claimed, declared)}
+	}
+	f.mu.Lock()
+	warned := f.warned
+	f.warned = true
+	f.mu.Unlock()
+	if !warned {
+		f.r.log.Warn(sizeMismatchMessage(f.digest, claimed, declared), "endpoint", host, "repo", f.repo)
+	}
+	return nil
+}
+
+func sizeMismatchMessage(d digest.Digest, claimed, declared int64) string {
+	if declared > 0 && claimed%declared == 0 {
+		times := "twice"
+		if k := claimed / declared; k != 2 {
+			times = strconv.FormatInt(k, 10) + " times"
+		}
+		return fmt.Sprintf("the upstream holds %s as %d bytes, exactly %s the %d the manifest declares: "+
+			"it was stored %s (overlapping uploads); delete and re-push it upstream", d, claimed, times, declared, times)
+	}
+	return fmt.Sprintf("the upstream holds %s as %d bytes, but the manifest declares %d: fetching the declared bytes; "+
+		"if they fail the digest check, the upstream copy is corrupt: delete and re-push it", d, claimed, declared)
+}
+
+// worker fetches chunks until none is left to claim.
+func (f *blobFetch) worker(ctx context.Context) error {
+	for {
+		c, ok := f.claim()
+		if !ok {
+			return nil
+		}
+		n, err := f.fetchChunk(ctx, c)
+		f.release(c)
+		if err == nil {
+			f.progress()
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if !errors.Is(err, ErrUnavailable) {
+			return err // not found, refused, invalid: retrying will not help
+		}
+		attempts := 0
+		if n > 0 {
+			f.progress()
+		} else {
+			attempts = f.failed()
+		}
+		if attempts >= f.r.fetch.MaxAttempts {
+			return fmt.Errorf("fetching %s from %s: %d attempts in a row brought no byte: %w",
+				f.digest, f.ep.host, attempts, err)
+		}
+		if err := sleep(ctx, backoff(attempts)); err != nil {
 			return err
 		}
 	}
 }
 
-// fetchFrom streams the blob from offset start to its end, returning the
-// offset reached.
-func (r *Registry) fetchFrom(ctx context.Context, repo string, d digest.Digest, w BlobWriter, start int64, buf []byte) (int64, error) {
-	q := request{method: http.MethodGet, repo: repo, path: "blobs/" + d.String(), header: http.Header{}}
-	if start > 0 {
-		// A closed range where the size is known: some registries (among them
-		// go-containerregistry's) refuse the open-ended form.
-		last := ""
-		if size := w.Size(); size > start {
-			last = strconv.FormatInt(size-1, 10)
+// chunk is a claimed byte range, and how to ask for it.
+type chunk struct {
+	start, end int64 // end is -1 when the size is not known yet
+	open       bool  // ask for bytes=start- and accept a 200
+}
+
+// claim picks the next range to fetch: at the first offset a client waits
+// for that is neither written nor claimed, else the first such offset from
+// the start; at most one connection budget long.
+func (f *blobFetch) claim() (chunk, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	size := f.w.Size()
+	switch {
+	case size < 0:
+		if f.sizing {
+			return chunk{}, false
 		}
-		q.header.Set("Range", "bytes="+strconv.FormatInt(start, 10)+"-"+last)
+		f.sizing = true
+		return chunk{start: 0, end: f.ep.budget.get()}, true
+	case f.noRange:
+		if f.streaming {
+			return chunk{}, false
+		}
+		start, end := f.w.Missing(0)
+		if start >= end {
+			return chunk{}, false
+		}
+		f.streaming, f.stream = true, start
+		return chunk{start: start, end: size, open: true}, true
 	}
-	resp, err := r.do(ctx, q, http.StatusOK, http.StatusPartialContent)
+	budget := f.ep.budget.get()
+	for _, off := range append(f.w.Wanted(), 0) {
+		if c, ok := f.gapFrom(off, budget); ok {
+			f.inflight = append(f.inflight, span{c.start, c.end})
+			return c, true
+		}
+	}
+	return chunk{}, false
+}
+
+// gapFrom finds the first unwritten, unclaimed range at or after off.
+func (f *blobFetch) gapFrom(off, budget int64) (chunk, bool) {
+	for {
+		start, end := f.w.Missing(off)
+		if start >= end {
+			return chunk{}, false
+		}
+		moved := false
+		for _, s := range f.inflight {
+			if s.start <= start && start < s.end {
+				off, moved = s.end, true
+				break
+			}
+			if start < s.start && s.start < end {
+				end = s.start
+			}
+		}
+		if !moved {
+			return chunk{start: start, end: min(end, start+budget)}, true
+		}
+	}
+}
+
+func (f *blobFetch) release(c chunk) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sizing = false
+	if f.streaming && f.stream == c.start {
+		f.streaming = false
+	}
+	for i, s := range f.inflight {
+		if s.start == c.start {
+			f.inflight = append(f.inflight[:i], f.inflight[i+1:]...)
+			break
+		}
+	}
+}
+
+// progress resets the count of fruitless attempts; failed adds one and
+// returns the count.
+func (f *blobFetch) progress() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failures = 0
+}
+
+func (f *blobFetch) failed() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failures++
+	return f.failures
+}
+
+// fetchChunk fetches one chunk on a connection of its own and returns how
+// many bytes it wrote.
+func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
+	select {
+	case f.r.conns <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-f.r.conns }()
+
+	chunks := f.r.metrics.chunks.MustCurryWith(map[string]string{"upstream": f.r.name, "endpoint": f.ep.host})
+	resp, op, err := f.open(ctx, c)
 	if err != nil {
-		return start, err
+		chunks.WithLabelValues("failed").Inc()
+		return 0, err
 	}
 	defer resp.Body.Close()
-	host := responseHost(resp) // after redirects: where the bytes come from
-	fail := func(kind error, cause error, format string, a ...any) *Error {
-		return &Error{Upstream: r.name, Endpoint: host, Op: q.op(), Status: resp.StatusCode,
+	host := responseHost(resp)
+	fail := func(kind, cause error, format string, a ...any) *Error {
+		return &Error{Upstream: f.r.name, Endpoint: host, Op: op, Status: resp.StatusCode,
 			Kind: kind, Err: cause, Message: fmt.Sprintf(format, a...)}
 	}
 
-	size := resp.ContentLength
-	off := start
-	if resp.StatusCode == http.StatusPartialContent {
-		first, total, ok := parseContentRange(resp.Header.Get("Content-Range"))
+	start, end := c.start, c.end
+	switch resp.StatusCode {
+	case http.StatusPartialContent:
+		first, last, total, ok := parseContentRange(resp.Header.Get("Content-Range"))
 		if !ok || first != start {
-			return start, fail(ErrInvalid, nil, "asked for bytes %d-, got Content-Range %q", start, resp.Header.Get("Content-Range"))
+			return 0, fail(ErrInvalid, nil, "asked for bytes %d-, got Content-Range %q", start, resp.Header.Get("Content-Range"))
 		}
-		size = total
-	} else {
-		off = 0 // the upstream ignored Range: take the whole blob again
+		if err := f.checkSize(total, host); err != nil {
+			return 0, err
+		}
+		end = min(last+1, f.w.Size())
+	case http.StatusOK:
+		// The upstream ignores Range: from now on one stream, from the start.
+		f.mu.Lock()
+		f.noRange, f.streaming, f.stream = true, true, c.start
+		f.mu.Unlock()
+		if resp.ContentLength >= 0 {
+			if err := f.checkSize(resp.ContentLength, host); err != nil {
+				return 0, err
+			}
+		}
+		start, end = 0, f.w.Size()
 	}
-	if size >= 0 {
-		if err := w.SetSize(size); err != nil {
-			return start, fail(ErrInvalid, err, "the upstream holds %s as %d bytes, expected %d", d, size, w.Size())
-		}
+	if end < 0 {
+		return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", f.digest)
 	}
 
-	received := r.metrics.blobBytes.WithLabelValues(r.name)
-	for {
-		n, rerr := resp.Body.Read(buf)
+	n, err := f.copyBody(resp.Body, start, end)
+	if err != nil {
+		if errors.Is(err, errStore) {
+			return n, fail(ErrInvalid, err, "storing %s at %d: %v", f.digest, start+n, err)
+		}
+		kind := cutKind(err)
+		chunks.WithLabelValues("cut").Inc()
+		if next := f.ep.budget.cut(n, kind, time.Now()); next > 0 {
+			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
+				"cut_at", n, "kind", kind, "budget", next)
+		}
+		return n, fail(ErrUnavailable, err, "%s: connection %s after %d of %d bytes: %v",
+			chunkName(f.digest, start, end), cutVerb(kind), n, end-start, err)
+	}
+	chunks.WithLabelValues("complete").Inc()
+	if !c.open {
+		if next := f.ep.budget.completed(time.Now()); next > 0 {
+			f.r.log.Info("connection budget raised: chunks complete cleanly", "endpoint", f.ep.host, "budget", next)
+		}
+	}
+	return n, nil
+}
+
+// open sends the chunk's request: to the URL the registry redirected to
+// before, while it is accepted, else to the registry (which may redirect
+// again). Authorization goes only to the registry.
+func (f *blobFetch) open(ctx context.Context, c chunk) (*http.Response, string, error) {
+	rng := fmt.Sprintf("bytes=%d-", c.start)
+	if !c.open && c.end >= 0 {
+		rng += strconv.FormatInt(c.end-1, 10)
+	}
+	f.mu.Lock()
+	loc := f.location
+	f.mu.Unlock()
+	if loc != nil {
+		resp, err := f.getLocation(ctx, loc, rng)
+		if err != nil {
+			return nil, "GET " + redacted(loc), err
+		}
+		switch resp.StatusCode {
+		case http.StatusOK, http.StatusPartialContent:
+			return resp, "GET " + redacted(loc), nil
+		}
+		// Expired or refused: resolve it again through the registry.
+		resp.Body.Close()
+		f.mu.Lock()
+		f.location = nil
+		f.mu.Unlock()
+	}
+
+	q := request{method: http.MethodGet, repo: f.repo, path: "blobs/" + f.digest.String(),
+		header: http.Header{"Range": {rng}}, client: f.r.chunks}
+	resp, err := f.r.send(ctx, f.ep.url, q)
+	if err != nil {
+		return nil, q.op(), err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK, http.StatusPartialContent:
+		return resp, q.op(), nil
+	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther,
+		http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
+		loc, err := resp.Request.URL.Parse(resp.Header.Get("Location"))
+		resp.Body.Close()
+		if err != nil || loc.Host == "" {
+			return nil, q.op(), &Error{Upstream: f.r.name, Endpoint: f.ep.host, Op: q.op(), Status: resp.StatusCode,
+				Kind: ErrInvalid, Message: "redirect without a usable Location"}
+		}
+		f.mu.Lock()
+		f.location = loc
+		f.mu.Unlock()
+		op := "GET " + redacted(loc)
+		resp, err := f.getLocation(ctx, loc, rng)
+		if err != nil {
+			return nil, op, err
+		}
+		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
+			defer resp.Body.Close()
+			return nil, op, f.r.statusError(loc.Host, op, resp)
+		}
+		return resp, op, nil
+	}
+	defer resp.Body.Close()
+	return nil, q.op(), f.r.statusError(f.ep.host, q.op(), resp)
+}
+
+// getLocation fetches a range from a redirect target, without credentials:
+// a presigned URL carries its own, and object stores refuse a second kind.
+func (f *blobFetch) getLocation(ctx context.Context, loc *url.URL, rng string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, loc.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Range", rng)
+	resp, err := f.r.chunks.Do(req)
+	if err != nil {
+		f.r.metrics.request(f.r.name, http.MethodGet, 0)
+		return nil, f.r.transportError(loc.Host, "GET "+redacted(loc), err)
+	}
+	f.r.metrics.request(f.r.name, http.MethodGet, resp.StatusCode)
+	return resp, nil
+}
+
+// errStore marks a failure to store bytes, as opposed to receiving them.
+var errStore = errors.New("store")
+
+// copyBody writes body to [start, end) of the blob, returning the bytes written.
+func (f *blobFetch) copyBody(body io.Reader, start, end int64) (int64, error) {
+	bufp := f.r.buffers.Get().(*[]byte)
+	defer f.r.buffers.Put(bufp)
+	buf := *bufp
+	received := f.r.metrics.blobBytes.WithLabelValues(f.r.name)
+	off := start
+	for off < end {
+		n, err := body.Read(buf[:min(int64(len(buf)), end-off)])
 		if n > 0 {
-			if _, err := w.WriteAt(buf[:n], off); err != nil {
-				return off, fail(ErrInvalid, err, "storing bytes at %d", off)
+			if _, werr := f.w.WriteAt(buf[:n], off); werr != nil {
+				return off - start, fmt.Errorf("%w: %w", errStore, werr)
 			}
 			off += int64(n)
 			received.Add(float64(n))
 		}
-		if rerr == io.EOF {
+		if err == io.EOF && off < end {
+			return off - start, io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
+			return off - start, err
+		}
+		if err == io.EOF {
 			break
 		}
-		if rerr != nil {
-			return off, fail(ErrUnavailable, rerr, "reading %s at byte %d of %d: %v", d, off, size, rerr)
-		}
 	}
-	if size < 0 { // no length announced: the end of the stream is the end of the blob
-		if err := w.SetSize(off); err != nil {
-			return off, fail(ErrInvalid, err, "the upstream sent %d bytes of %s, expected %d", off, d, w.Size())
-		}
-	} else if off != size {
-		return off, fail(ErrUnavailable, io.ErrUnexpectedEOF, "connection closed at byte %d of %d", off, size)
+	return off - start, nil
+}
+
+// cutKind names how a connection died, for metrics and logs.
+func cutKind(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNRESET):
+		return "reset"
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return "eof"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "stall"
 	}
-	return off, nil
+	return "error"
+}
+
+func cutVerb(kind string) string {
+	switch kind {
+	case "reset":
+		return "reset"
+	case "eof":
+		return "closed"
+	case "stall":
+		return "went silent"
+	}
+	return "failed"
+}
+
+func chunkName(d digest.Digest, start, end int64) string {
+	return fmt.Sprintf("%s range %d-%d", d, start, end-1)
+}
+
+// redacted is a URL without its query, which for a presigned URL is a credential.
+func redacted(u *url.URL) string {
+	c := *u
+	c.RawQuery, c.User = "", nil
+	return c.String()
 }
 
 // parseContentRange parses "bytes first-last/total".
-func parseContentRange(h string) (first, total int64, ok bool) {
+func parseContentRange(h string) (first, last, total int64, ok bool) {
 	rng, ok := strings.CutPrefix(h, "bytes ")
 	if !ok {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	span, tot, ok := strings.Cut(rng, "/")
 	if !ok {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
-	a, _, ok := strings.Cut(span, "-")
+	a, b, ok := strings.Cut(span, "-")
 	if !ok {
-		return 0, 0, false
+		return 0, 0, 0, false
 	}
 	first, err1 := strconv.ParseInt(a, 10, 64)
-	total, err2 := strconv.ParseInt(tot, 10, 64)
-	return first, total, err1 == nil && err2 == nil && first >= 0 && total > first
+	last, err2 := strconv.ParseInt(b, 10, 64)
+	total, err3 := strconv.ParseInt(tot, 10, 64)
+	return first, last, total, err1 == nil && err2 == nil && err3 == nil && first >= 0 && last >= first && total > last
 }
 
 // backoff is a jittered exponential delay: 100 ms doubling to 5 s.

@@ -97,6 +97,25 @@ func (w *memBlobWriter) written() int64 {
 	return int64(n)
 }
 
+func (w *memBlobWriter) Missing(off int64) (int64, int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.size < 0 {
+		return off, off
+	}
+	start := off
+	for start < w.size && start < int64(len(w.have)) && w.have[start] {
+		start++
+	}
+	end := start
+	for end < w.size && (end >= int64(len(w.have)) || !w.have[end]) {
+		end++
+	}
+	return start, end
+}
+
+func (w *memBlobWriter) Wanted() []int64 { return nil }
+
 // Bytes returns the contiguous prefix written.
 func (w *memBlobWriter) Bytes() []byte {
 	w.mu.Lock()
@@ -691,6 +710,7 @@ func TestParseContentRange(t *testing.T) {
 		{"bytes 0-99/100", 0, 100, true},
 		{"bytes 1000-3499/3500", 1000, 3500, true},
 		{"bytes 5-9/*", 0, 0, false},
+		{"bytes 9-5/100", 0, 0, false}, // ends before it starts
 		{"bytes */100", 0, 0, false},
 		{"bytes 100-199/100", 0, 0, false}, // starts past the end
 		{"bytes -1-5/10", 0, 0, false},
@@ -699,7 +719,7 @@ func TestParseContentRange(t *testing.T) {
 		{"", 0, 0, false},
 	}
 	for _, tt := range tests {
-		first, total, ok := parseContentRange(tt.in)
+		first, _, total, ok := parseContentRange(tt.in)
 		if ok != tt.ok || (ok && (first != tt.first || total != tt.total)) {
 			t.Errorf("parseContentRange(%q): got %v, %v, %v, want %v, %v, %v", tt.in, first, total, ok, tt.first, tt.total, tt.ok)
 		}

@@ -11,6 +11,9 @@ import (
 type Metrics struct {
 	requests  *prometheus.CounterVec
 	blobBytes *prometheus.CounterVec
+	budget    *prometheus.GaugeVec
+	cuts      *prometheus.CounterVec
+	chunks    *prometheus.CounterVec
 }
 
 // NewMetrics creates the upstream metrics and registers them with reg.
@@ -25,7 +28,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Blob bytes received from upstream registries.",
 		}, []string{"upstream"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.blobBytes} {
+	m.budget = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pullproxy_upstream_connection_budget_bytes",
+		Help: "Bytes one connection to an endpoint may carry before it is replaced, as currently learned.",
+	}, []string{"upstream", "endpoint"})
+	m.cuts = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pullproxy_upstream_connection_cuts_total",
+		Help: "Chunk connections that died before their chunk was complete, by kind: reset, eof (closed early), stall (went silent), error.",
+	}, []string{"upstream", "endpoint", "kind"})
+	m.chunks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pullproxy_upstream_chunks_total",
+		Help: "Blob chunks requested from endpoints, by result: complete, cut, failed (no byte received).",
+	}, []string{"upstream", "endpoint", "result"})
+	for _, c := range []prometheus.Collector{m.requests, m.blobBytes, m.budget, m.cuts, m.chunks} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

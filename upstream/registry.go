@@ -36,8 +36,11 @@ type Descriptor struct {
 // the endpoints that serve it, tried in order.
 type Registry struct {
 	name      string
-	endpoints []*url.URL
-	client    *http.Client
+	endpoints []*endpoint
+	client    *http.Client // manifests, tokens, HEADs: pooled connections, redirects followed
+	chunks    *http.Client // blob chunks: see newChunkClient
+	fetch     FetchConfig
+	conns     chan struct{} // semaphore of chunk connections
 	tokens    *tokenCache
 	log       *slog.Logger
 	metrics   *Metrics
@@ -56,6 +59,7 @@ type options struct {
 	transport http.RoundTripper
 	log       *slog.Logger
 	metrics   *Metrics
+	fetch     FetchConfig
 }
 
 // WithTransport sets the HTTP transport. Default: a transport with sane
@@ -72,6 +76,11 @@ func WithLogger(l *slog.Logger) Option {
 // WithMetrics sets where metrics are counted. Default: metrics registered nowhere.
 func WithMetrics(m *Metrics) Option {
 	return func(o *options) error { o.metrics = m; return nil }
+}
+
+// WithFetchConfig tunes blob fetching; see FetchConfig for the defaults.
+func WithFetchConfig(c FetchConfig) Option {
+	return func(o *options) error { o.fetch = c; return nil }
 }
 
 // NewTransport returns the default upstream transport.
@@ -112,11 +121,23 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 	if len(endpoints) == 0 {
 		return nil, fmt.Errorf("upstream %s: no endpoints", name)
 	}
+	fetch, err := o.fetch.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("upstream %s: %w", name, err)
+	}
 	r := &Registry{
 		name:    name,
 		client:  &http.Client{Transport: o.transport},
+		fetch:   fetch,
+		conns:   make(chan struct{}, fetch.MaxConnections),
 		log:     o.log.With("upstream", name),
 		metrics: o.metrics,
+	}
+	if t, ok := o.transport.(*http.Transport); ok {
+		r.chunks = newChunkClient(t, fetch.StallTimeout)
+	} else { // a caller's own transport: used as it is
+		r.chunks = &http.Client{Transport: o.transport,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	}
 	r.tokens = newTokenCache(r.client)
 	r.buffers.New = func() any { b := make([]byte, fetchBufferSize); return &b }
@@ -126,7 +147,12 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			return nil, fmt.Errorf("upstream %s: endpoint %q is not an http(s)://host[:port] URL", name, e)
 		}
 		u.Path = strings.TrimSuffix(u.Path, "/")
-		r.endpoints = append(r.endpoints, u)
+		labels := prometheus.Labels{"upstream": name, "endpoint": u.Host}
+		r.endpoints = append(r.endpoints, &endpoint{
+			url:    u,
+			host:   u.Host,
+			budget: newBudget(fetch, o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
+		})
 	}
 	return r, nil
 }
@@ -137,8 +163,8 @@ func (r *Registry) Name() string { return r.name }
 // Endpoints returns the endpoint URLs, in the order they are tried.
 func (r *Registry) Endpoints() []string {
 	out := make([]string, len(r.endpoints))
-	for i, u := range r.endpoints {
-		out[i] = u.String()
+	for i, ep := range r.endpoints {
+		out[i] = ep.url.String()
 	}
 	return out
 }
@@ -149,6 +175,7 @@ type request struct {
 	repo   string
 	path   string // below /v2/<repo>/, e.g. "manifests/latest"
 	header http.Header
+	client *http.Client // default: the registry's pooled client
 }
 
 func (q request) op() string { return q.method + " /v2/" + q.repo + "/" + q.path }
@@ -159,12 +186,12 @@ func (q request) op() string { return q.method + " /v2/" + q.repo + "/" + q.path
 func (r *Registry) do(ctx context.Context, q request, ok ...int) (*http.Response, error) {
 	var last error
 	for i, ep := range r.endpoints {
-		resp, err := r.send(ctx, ep, q)
+		resp, err := r.send(ctx, ep.url, q)
 		if err == nil {
 			if isOK(resp.StatusCode, ok) {
 				return resp, nil
 			}
-			err = r.statusError(ep.Host, q.op(), resp)
+			err = r.statusError(ep.host, q.op(), resp)
 			resp.Body.Close()
 		}
 		if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
@@ -172,7 +199,7 @@ func (r *Registry) do(ctx context.Context, q request, ok ...int) (*http.Response
 		}
 		last = err
 		if i+1 < len(r.endpoints) {
-			r.log.Warn("endpoint failed, trying the next", "endpoint", ep.Host, "err", err)
+			r.log.Warn("endpoint failed, trying the next", "endpoint", ep.host, "err", err)
 		}
 	}
 	return nil, last
@@ -246,7 +273,11 @@ func (r *Registry) sendOnce(ctx context.Context, ep *url.URL, q request, auth st
 	if auth != "" {
 		req.Header.Set("Authorization", auth)
 	}
-	resp, err := r.client.Do(req)
+	client := q.client
+	if client == nil {
+		client = r.client
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		r.metrics.request(r.name, q.method, 0)
 		return nil, r.transportError(ep.Host, q.op(), err)

@@ -1,0 +1,189 @@
+package storage
+
+import (
+	"context"
+	"encoding"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/opencontainers/go-digest"
+)
+
+// A download's progress is recorded durably, so that after a crash or a
+// restart it resumes instead of starting over: which ranges of the partial
+// file are written, and the running hash of its prefix (sha256's state is a
+// few hundred bytes, and saves re-reading hundreds of MiB).
+//
+// A checkpoint syncs the file before recording, so the record never claims
+// bytes the disk may not hold. Checkpoints are taken every checkpointBytes
+// written or checkpointInterval, whichever comes first: a crash costs at most
+// that much work again.
+const (
+	checkpointBytes    = 8 << 20
+	checkpointInterval = time.Second
+	partialPrefix      = "partial/"
+)
+
+// partialRecord is the durable state of a download.
+type partialRecord struct {
+	Size      int64      `json:"size"`
+	Done      [][2]int64 `json:"done"`
+	Hashed    int64      `json:"hashed"`
+	HashState []byte     `json:"hashState"`
+}
+
+func partialKey(d digest.Digest) []byte { return []byte(partialPrefix + d.String()) }
+
+// maybeCheckpoint takes a checkpoint when one is due and none is running.
+// n is the number of bytes just written.
+func (p *Partial) maybeCheckpoint(n int) {
+	p.mu.Lock()
+	p.unsaved += int64(n)
+	due := p.size >= 0 && (p.unsaved >= checkpointBytes || time.Since(p.savedAt) >= checkpointInterval)
+	p.mu.Unlock()
+	if !due || !p.checkpointing.CompareAndSwap(false, true) {
+		return
+	}
+	defer p.checkpointing.Store(false)
+	if err := p.checkpoint(); err != nil {
+		// Not fatal: the download goes on, a crash would just cost more.
+		p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
+	}
+}
+
+// checkpoint records the download's progress durably.
+func (p *Partial) checkpoint() error {
+	// Snapshot the hash first: every byte it covers was written before the
+	// ranges are read, and before the sync below.
+	p.hashMu.Lock()
+	m, ok := p.hasher.(encoding.BinaryMarshaler)
+	if !ok {
+		p.hashMu.Unlock()
+		return fmt.Errorf("%s: hash state cannot be saved", p.digest.Algorithm())
+	}
+	state, err := m.MarshalBinary()
+	rec := partialRecord{Hashed: p.hashed, HashState: state}
+	p.hashMu.Unlock()
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	rec.Size = p.size
+	for _, s := range p.done {
+		rec.Done = append(rec.Done, [2]int64{s.start, s.end})
+	}
+	p.unsaved, p.savedAt = 0, time.Now()
+	committed := p.committed != ""
+	p.mu.Unlock()
+	if committed || rec.Size < 0 {
+		return nil
+	}
+	if err := p.f.Sync(); err != nil {
+		return fmt.Errorf("syncing download of %s: %w", p.digest, err)
+	}
+	if err := p.store.put(partialKey(p.digest), rec); err != nil {
+		return err
+	}
+	p.recorded.Store(true)
+	return nil
+}
+
+// dropRecord removes the progress record, if one was written.
+func (p *Partial) dropRecord() {
+	if p.recorded.Load() {
+		p.store.dropPartialRecord(p.digest)
+	}
+}
+
+// resume reopens the download of d left by an earlier run, if its record
+// and file are there and agree with size (-1: any).
+func (s *Store) resume(ctx context.Context, d digest.Digest, size int64) (*Partial, bool) {
+	var rec partialRecord
+	if err := s.get(partialKey(d), &rec); err != nil {
+		return nil, false
+	}
+	discard := func(why string) (*Partial, bool) {
+		s.log.Info("discarding an earlier partial download", "digest", d, "reason", why)
+		s.dropPartialRecord(d)
+		return nil, false
+	}
+	if size >= 0 && rec.Size != size {
+		return discard(fmt.Sprintf("it was for %d bytes, %d are expected now", rec.Size, size))
+	}
+	h := d.Algorithm().Hash()
+	u, ok := h.(encoding.BinaryUnmarshaler)
+	if !ok || u.UnmarshalBinary(rec.HashState) != nil {
+		return discard("its hash state cannot be restored")
+	}
+	f, err := os.OpenFile(s.partialPath(d), os.O_RDWR, 0)
+	if err != nil {
+		return discard(err.Error())
+	}
+	p := newPartial(s, d, f)
+	p.size, p.hasher, p.hashed = rec.Size, h, rec.Hashed
+	p.recorded.Store(true)
+	for _, r := range rec.Done {
+		p.done.add(r[0], r[1])
+	}
+	s.log.Info("resuming a partial download", "digest", d, "size", rec.Size, "have", p.done.total())
+	return p, true
+}
+
+func (s *Store) dropPartialRecord(d digest.Digest) {
+	err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(partialKey(d)) })
+	if err != nil {
+		s.log.Warn("removing a download's progress record", "digest", d, "err", err)
+	}
+}
+
+// reconcilePartials keeps the partial files that have a progress record,
+// removes those that do not (nothing says which of their bytes are good),
+// and drops records whose file is gone.
+func (s *Store) reconcilePartials(ctx context.Context) error {
+	dir := filepath.Join(s.root, "partial")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", dir, err)
+	}
+	recorded := map[string]bool{}
+	err = s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(partialPrefix)})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			recorded[strings.TrimPrefix(string(it.Item().Key()), partialPrefix)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("listing partial downloads: %w", err)
+	}
+	kept, removed := 0, 0
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		name := e.Name()
+		d := digest.Digest(strings.Replace(name, "-", ":", 1))
+		if d.Validate() == nil && recorded[d.String()] {
+			delete(recorded, d.String())
+			kept++
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("removing stale partial download %s: %w", name, err)
+		}
+		removed++
+	}
+	for d := range recorded {
+		s.dropPartialRecord(digest.Digest(d))
+	}
+	if kept+removed > 0 {
+		s.log.Info("partial downloads from an earlier run", "resumable", kept, "removed", removed)
+	}
+	return nil
+}

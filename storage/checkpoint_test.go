@@ -1,0 +1,154 @@
+package storage
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// reopen closes s and opens its directory again, as a restarted process
+// would. The test's cleanup closes the new store.
+func reopen(t *testing.T, s *Store) *Store {
+	t.Helper()
+	dir := s.Dir()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(t.Context(), dir, WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s2.Close() })
+	return s2
+}
+
+// TestPartialResumesAfterCrash: a download killed without any goodbye (no
+// Fail, no Abandon, as with kill -9) resumes from its last checkpoint, which
+// a checkpoint every checkpointBytes keeps close to where it stopped; the
+// resumed download verifies.
+func TestPartialResumesAfterCrash(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := Open(t.Context(), dir, WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := randomBytes(7, 3*checkpointBytes+12345)
+	d := digest.FromBytes(data)
+	p, err := s.NewPartial(t.Context(), d, int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := len(data) / 2
+	for off := 0; off < half; off += 1 << 20 {
+		if _, err := p.WriteAt(data[off:min(off+1<<20, half)], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s = reopen(t, s) // p is simply dropped
+
+	q, err := s.NewPartial(t.Context(), d, int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start, _ := q.Missing(0)
+	if start < int64(half)-checkpointBytes || start > int64(half) {
+		t.Errorf("resumed at %d, want within one checkpoint (%d bytes) below %d", start, checkpointBytes, half)
+	}
+	if _, err := q.WriteAt(data[start:], start); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Commit(t.Context()); err != nil {
+		t.Fatalf("Commit after resuming: %v", err)
+	}
+	got, err := s.ReadBlob(t.Context(), d, int64(len(data)))
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("blob after resume: %d bytes, err %v", len(got), err)
+	}
+	if err := s.get(partialKey(d), &partialRecord{}); err == nil {
+		t.Error("progress record left after commit")
+	}
+}
+
+// TestPartialAbandonKeepsProgress: an abandoned download (upstream gone)
+// records where it was; the next one starts there.
+func TestPartialAbandonKeepsProgress(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	data := randomBytes(8, 300_000)
+	d := digest.FromBytes(data)
+	p, err := s.NewPartial(t.Context(), d, int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.WriteAt(data[:100_000], 0)
+	p.WriteAt(data[200_000:250_000], 200_000)
+	p.Abandon(nil)
+
+	q, err := s.NewPartial(t.Context(), d, int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ off, start, end int64 }{{0, 100_000, 200_000}, {200_000, 250_000, 300_000}} {
+		if start, end := q.Missing(tc.off); start != tc.start || end != tc.end {
+			t.Errorf("Missing(%d): got %d-%d, want %d-%d", tc.off, start, end, tc.start, tc.end)
+		}
+	}
+	q.WriteAt(data[100_000:200_000], 100_000)
+	q.WriteAt(data[250_000:], 250_000)
+	if err := q.Commit(t.Context()); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+}
+
+// TestPartialResumeSizeDisagrees: a recorded download for another size is
+// discarded, not resumed.
+func TestPartialResumeSizeDisagrees(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	data := randomBytes(9, 1000)
+	d := digest.FromBytes(data)
+	p, _ := s.NewPartial(t.Context(), d, 2000)
+	p.WriteAt(data[:500], 0)
+	p.Abandon(nil)
+	q, err := s.NewPartial(t.Context(), d, 1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if start, end := q.Missing(0); start != 0 || end != 1000 {
+		t.Errorf("Missing(0): got %d-%d, want a fresh 0-1000", start, end)
+	}
+}
+
+// TestReconcilePartials: at Open, a partial file without a record is
+// removed, one with a record kept, and a record without a file dropped.
+func TestReconcilePartials(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	kept := randomBytes(10, 1000)
+	p, _ := s.NewPartial(t.Context(), digest.FromBytes(kept), 1000)
+	p.WriteAt(kept[:10], 0)
+	p.Abandon(nil)
+	orphan := digest.FromString("orphan record")
+	gone, _ := s.NewPartial(t.Context(), orphan, 10)
+	gone.WriteAt([]byte("abc"), 0)
+	gone.Abandon(nil)
+	os.Remove(s.partialPath(orphan))
+	stray := filepath.Join(s.Dir(), "partial", "sha256-"+digest.FromString("stray").Encoded())
+	os.WriteFile(stray, []byte("junk"), 0o644)
+
+	s = reopen(t, s)
+	if _, err := os.Stat(s.partialPath(digest.FromBytes(kept))); err != nil {
+		t.Errorf("recorded partial file: %v, want kept", err)
+	}
+	if _, err := os.Stat(stray); err == nil {
+		t.Error("unrecorded partial file kept, want removed")
+	}
+	if err := s.get(partialKey(orphan), &partialRecord{}); err == nil {
+		t.Error("record without a file kept, want dropped")
+	}
+}

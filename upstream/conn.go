@@ -1,0 +1,112 @@
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+)
+
+// FetchConfig tunes how blobs are fetched. The zero value of a field means
+// its default.
+type FetchConfig struct {
+	// Budget is the initial byte budget of one connection: a chunk is at most
+	// this long and gets a connection of its own. Default 1 MiB, below the
+	// smallest session cut seen on degraded carrier paths (1.3 MB).
+	Budget int64
+	// MaxBudget is the ceiling an adaptive budget grows to on a clean path.
+	// Default 64 MiB. Set it equal to Budget for a fixed budget.
+	MaxBudget int64
+	// MinBudget is the floor a budget drops to after cuts. Default 64 KiB.
+	MinBudget int64
+	// Parallel is how many chunks of one blob are fetched at once. Default 4.
+	Parallel int
+	// MaxConnections bounds chunk connections of this upstream across all
+	// blobs. Default 16.
+	MaxConnections int
+	// StallTimeout abandons a connection that delivers no byte for this long.
+	// Default 5 s: a black hole is caught in seconds, a slow but live
+	// connection is not.
+	StallTimeout time.Duration
+	// MaxAttempts is how many attempts in a row may fail without a new byte
+	// before an endpoint is given up for the blob. Default 8.
+	MaxAttempts int
+}
+
+func (c FetchConfig) withDefaults() (FetchConfig, error) {
+	def := func(v *int64, d int64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.Budget, 1<<20)
+	def(&c.MinBudget, 64<<10)
+	def(&c.MaxBudget, 64<<20)
+	if c.Parallel == 0 {
+		c.Parallel = 4
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = 16
+	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = 5 * time.Second
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = 8
+	}
+	switch {
+	case c.Budget < 0 || c.MinBudget < 0 || c.MaxBudget < 0 || c.Parallel < 0 || c.MaxConnections < 0 ||
+		c.StallTimeout < 0 || c.MaxAttempts < 0:
+		return c, errors.New("fetch settings must not be negative")
+	case c.MinBudget > c.Budget:
+		return c, fmt.Errorf("minimum budget %d is above the budget %d", c.MinBudget, c.Budget)
+	case c.MaxBudget < c.Budget:
+		return c, fmt.Errorf("maximum budget %d is below the budget %d", c.MaxBudget, c.Budget)
+	}
+	return c, nil
+}
+
+// newChunkClient returns the client chunks are fetched with: one connection
+// per request (a keep-alive pool would quietly carry many chunks on one
+// session, defeating the budget), HTTP/1.1 only (HTTP/2 multiplexes every
+// chunk onto one session), redirects returned rather than followed (so a
+// signed URL is resolved once and reused), and a read deadline renewed on
+// every read, which abandons a silent connection without limiting a slow one.
+func newChunkClient(base *http.Transport, stall time.Duration) *http.Client {
+	t := base.Clone()
+	t.DisableKeepAlives = true
+	t.ForceAttemptHTTP2 = false
+	t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	dial := t.DialContext
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 10 * time.Second}).DialContext
+	}
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &idleTimeoutConn{Conn: c, idle: stall}, nil
+	}
+	t.ResponseHeaderTimeout = max(stall, t.ResponseHeaderTimeout)
+	return &http.Client{
+		Transport:     t,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// idleTimeoutConn fails a read that waits longer than idle for a byte.
+type idleTimeoutConn struct {
+	net.Conn
+	idle time.Duration
+}
+
+func (c *idleTimeoutConn) Read(p []byte) (int, error) {
+	if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(p)
+}
