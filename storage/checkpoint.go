@@ -24,7 +24,7 @@ import (
 // written or checkpointInterval, whichever comes first: a crash costs at most
 // that much work again.
 const (
-	checkpointBytes    = 8 << 20
+	checkpointBytes    = 4 << 20
 	checkpointInterval = time.Second
 	partialPrefix      = "partial/"
 )

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,7 +25,61 @@ type fileConfig struct {
 	TagTTL          *time.Duration   `yaml:"tag_ttl"`
 	FetchTimeout    *time.Duration   `yaml:"fetch_timeout"`
 	DefaultUpstream string           `yaml:"default_upstream"`
+	Fetch           fetchConfig      `yaml:"fetch"`
 	Upstreams       []upstreamConfig `yaml:"upstreams"`
+}
+
+// fetchConfig tunes blob fetching; zero values take upstream.FetchConfig's defaults.
+type fetchConfig struct {
+	ConnectionBudget    byteSize      `yaml:"connection_budget"`
+	MaxConnectionBudget byteSize      `yaml:"max_connection_budget"`
+	ParallelChunks      int           `yaml:"parallel_chunks"`
+	MaxConnections      int           `yaml:"max_connections"`
+	StallTimeout        time.Duration `yaml:"stall_timeout"`
+	MaxAttempts         int           `yaml:"max_attempts"`
+}
+
+func (f fetchConfig) options() upstream.FetchConfig {
+	return upstream.FetchConfig{
+		Budget:         int64(f.ConnectionBudget),
+		MaxBudget:      int64(f.MaxConnectionBudget),
+		Parallel:       f.ParallelChunks,
+		MaxConnections: f.MaxConnections,
+		StallTimeout:   f.StallTimeout,
+		MaxAttempts:    f.MaxAttempts,
+	}
+}
+
+// byteSize is a size in bytes, written as a number or with a unit: 1MiB,
+// 64MiB, 512KiB, 1MB.
+type byteSize int64
+
+func (b *byteSize) UnmarshalYAML(n *yaml.Node) error {
+	v, err := parseByteSize(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*b = byteSize(v)
+	return nil
+}
+
+func parseByteSize(s string) (int64, error) {
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}}
+	num, mult := strings.TrimSpace(s), int64(1)
+	for _, u := range units {
+		if v, ok := strings.CutSuffix(num, u.suffix); ok {
+			num, mult = strings.TrimSpace(v), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("size %q: want a number of bytes, optionally with KiB, MiB, GiB, KB, MB or GB", s)
+	}
+	return n * mult, nil
 }
 
 type upstreamConfig struct {

@@ -69,22 +69,34 @@ func (u *upstreamLog) take() map[string]int {
 	return n
 }
 
-// buildBinary builds pullproxy into dir.
-func buildBinary(t *testing.T, dir string) string {
-	t.Helper()
-	bin := filepath.Join(dir, "pullproxy")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+// pullproxyBin is the binary under test, built once by TestMain.
+var pullproxyBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pullproxy-e2e")
 	if err != nil {
-		t.Fatalf("building pullproxy: %v\n%s", err, out)
+		log.Fatal(err)
 	}
-	return bin
+	pullproxyBin = filepath.Join(dir, "pullproxy")
+	if out, err := exec.Command("go", "build", "-o", pullproxyBin, ".").CombinedOutput(); err != nil {
+		log.Fatalf("building pullproxy: %v\n%s", err, out)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proxyProcess is a running `pullproxy serve`.
+type proxyProcess struct {
+	URL string
+	cmd *exec.Cmd
 }
 
 // startProxy runs `pullproxy serve` with args on a free loopback port and
-// returns its base URL once it serves.
-func startProxy(t *testing.T, bin string, args ...string) string {
+// returns once it serves. The test's cleanup stops it.
+func startProxy(t *testing.T, args ...string) *proxyProcess {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd := exec.Command(pullproxyBin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -92,10 +104,8 @@ func startProxy(t *testing.T, bin string, args ...string) string {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		cmd.Wait()
-	})
+	p := &proxyProcess{cmd: cmd}
+	t.Cleanup(p.stop)
 	addrc := make(chan string, 1)
 	go func() {
 		addrRE := regexp.MustCompile(`msg="pullproxy serving".* addr=(\S+)`)
@@ -104,16 +114,31 @@ func startProxy(t *testing.T, bin string, args ...string) string {
 			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
 				addrc <- m[1]
 			}
-			t.Log("pullproxy: " + sc.Text())
+			if testing.Verbose() || strings.Contains(sc.Text(), "level=WARN") || strings.Contains(sc.Text(), "level=ERROR") {
+				t.Log("pullproxy: " + sc.Text())
+			}
 		}
 	}()
 	select {
 	case addr := <-addrc:
-		return "http://" + addr
+		p.URL = "http://" + addr
 	case <-time.After(30 * time.Second):
 		t.Fatal("pullproxy did not start within 30 s")
 	}
-	return ""
+	return p
+}
+
+// stop ends the process gracefully; kill ends it with SIGKILL, as a crash.
+func (p *proxyProcess) stop() {
+	if p.cmd.ProcessState == nil {
+		p.cmd.Process.Signal(os.Interrupt)
+		p.cmd.Wait()
+	}
+}
+
+func (p *proxyProcess) kill() {
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
 }
 
 // pushIndex pushes a two-platform image with three layers per platform.
@@ -160,8 +185,7 @@ func TestContainerdPullsThroughMirror(t *testing.T) {
 
 	dir := t.TempDir()
 	const host = "registry.test:5000" // never resolvable: a fallback to it would fail loudly
-	proxyURL := startProxy(t, buildBinary(t, dir), "--data-dir", filepath.Join(dir, "data"),
-		"--upstream", host+"="+upstreamSrv.URL)
+	proxyURL := startProxy(t, "--data-dir", filepath.Join(dir, "data"), "--upstream", host+"="+upstreamSrv.URL).URL
 
 	want := imageDigests(t, img)
 	for i, name := range []string{"cold", "warm"} {
@@ -225,8 +249,7 @@ func TestSkopeoPathPrefixPull(t *testing.T) {
 	defer upstreamSrv.Close()
 	_, img := pushIndex(t, upstreamSrv.URL, "e2e/app:v1")
 	dir := t.TempDir()
-	proxyURL := startProxy(t, buildBinary(t, dir), "--data-dir", filepath.Join(dir, "data"),
-		"--upstream", "quay.test="+upstreamSrv.URL)
+	proxyURL := startProxy(t, "--data-dir", filepath.Join(dir, "data"), "--upstream", "quay.test="+upstreamSrv.URL).URL
 
 	dest := filepath.Join(dir, "oci")
 	src := "docker://" + strings.TrimPrefix(proxyURL, "http://") + "/quay.test/e2e/app:v1"

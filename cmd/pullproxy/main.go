@@ -169,7 +169,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			urls = append(urls, e.URL)
 		}
 		r, err := upstream.New(u.Name, urls, upstream.WithLogger(log), upstream.WithMetrics(upMetrics),
-			upstream.WithTransport(transport))
+			upstream.WithTransport(transport), upstream.WithFetchConfig(cfg.Fetch.options()))
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,28 @@
+package carrier
+
+import (
+	"net"
+	"syscall"
+	"unsafe"
+)
+
+// unackedBytes returns how many bytes written to c the peer has not yet
+// acknowledged (SIOCOUTQ: unsent plus sent-but-unacknowledged).
+func unackedBytes(c *net.TCPConn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int32
+	var errno syscall.Errno
+	err = rc.Control(func(fd uintptr) {
+		_, _, errno = syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCOUTQ, uintptr(unsafe.Pointer(&n)))
+	})
+	if err != nil {
+		return 0, err
+	}
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(n), nil
+}

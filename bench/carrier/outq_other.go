@@ -1,0 +1,14 @@
+//go:build !linux
+
+package carrier
+
+import (
+	"errors"
+	"net"
+)
+
+// unackedBytes is not implemented here: Reset then does not wait for the
+// client to receive the forwarded data (see the package documentation).
+func unackedBytes(c *net.TCPConn) (int, error) {
+	return 0, errors.ErrUnsupported
+}

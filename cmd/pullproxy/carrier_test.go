@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pullproxy/pullproxy/bench/carrier"
+	"github.com/pullproxy/pullproxy/bench/containerdtest"
+	"github.com/pullproxy/pullproxy/bench/registrytest"
+)
+
+// The incident's carrier: 60% of TCP sessions die after 1.3–3.1 MB.
+func incidentCarrier(t *testing.T, target string, mode carrier.Mode, bandwidth int64) *carrier.Relay {
+	t.Helper()
+	r, err := carrier.Start(carrier.Config{Target: target, CutProb: 0.6, CutMin: 1_300_000, CutMax: 3_100_000,
+		Mode: mode, Bandwidth: bandwidth, Seed: 42})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func startRegistry(t *testing.T) *registrytest.Registry {
+	t.Helper()
+	reg, err := registrytest.Start(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	return reg
+}
+
+// writeConfig writes a pullproxy config file holding content.
+func writeConfig(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "pullproxy.yaml")
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestContainerdPullThroughCarrier: containerd pulls through pullproxy while
+// the path from pullproxy to the registry is the incident's carrier, in each
+// way a session can die. The pull succeeds on its first attempt, and
+// pullproxy takes no more than 1.02x the image's bytes from upstream: every
+// byte received before a cut is kept.
+func TestContainerdPullThroughCarrier(t *testing.T) {
+	ok, reason := containerdtest.Available()
+	requireTool(t, ok, reason)
+	for _, mode := range []carrier.Mode{carrier.Reset, carrier.CleanClose, carrier.Stall} {
+		t.Run(mode.String(), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+			defer cancel()
+			reg := startRegistry(t)
+			img := registrytest.Image{Repo: "app/big", Tag: "v1", Seed: uint64(mode) + 1, Index: true,
+				LayerSizes: []int64{24 << 20, 16 << 20, 8 << 20, 3 << 20, 300 << 10}}
+			pushed, err := reg.Push(ctx, img)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := incidentCarrier(t, reg.Host(), mode, 64e6)
+			const host = "registry.test:5000"
+			dir := t.TempDir()
+			proxy := startProxy(t, "--data-dir", filepath.Join(dir, "data"), "--upstream", host+"="+path.URL(),
+				"--config", writeConfig(t, "fetch:\n  stall_timeout: 1s\n"))
+
+			d, err := containerdtest.Start(ctx, t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.Stop() })
+			hosts, err := d.WriteHostsDir(host, proxy.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			if out, err := d.ContentFetch(ctx, hosts, host+"/app/big:v1"); err != nil {
+				t.Fatalf("pull through the carrier: %v\n%s", err, out)
+			}
+			elapsed := time.Since(start)
+			have, err := d.ContentDigests(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := pushed.Config.Size + pushed.Manifest.Size + pushed.Index.Size
+			for _, l := range pushed.Layers {
+				want += l.Size
+				if !slices.Contains(have, l.Digest.String()) {
+					t.Errorf("containerd lacks layer %s", l.Digest)
+				}
+			}
+			st := path.Stats()
+			ratio := float64(st.BytesDown) / float64(want)
+			t.Logf("%s: pulled %d bytes in %v; %d sessions, %d cut; upstream bytes %d (%.3fx)",
+				mode, want, elapsed.Round(time.Millisecond), st.Sessions, st.Cut, st.BytesDown, ratio)
+			if st.Cut == 0 && mode != carrier.Stall {
+				t.Errorf("the carrier cut no session: the test did not test anything")
+			}
+			if ratio > 1.02 {
+				t.Errorf("upstream bytes: %.3fx the image, want at most 1.02x", ratio)
+			}
+		})
+	}
+}
+
+// TestKilledMidBlobResumes: pullproxy killed with SIGKILL halfway through a
+// cold blob, and restarted on the same data dir, resumes the download: the
+// upstream carries at most 1.1x the blob in all.
+func TestKilledMidBlobResumes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	reg := startRegistry(t)
+	img := registrytest.Image{Repo: "app/one", Tag: "v1", Seed: 7, LayerSizes: []int64{96 << 20}}
+	pushed, err := reg.Push(ctx, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := pushed.Layers[0]
+	path, err := carrier.Start(carrier.Config{Target: reg.Host(), Bandwidth: 64e6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer path.Close()
+	dataDir := filepath.Join(t.TempDir(), "data")
+	args := []string{"--data-dir", dataDir, "--upstream", "registry.test=" + path.URL()}
+	blobURL := func(p *proxyProcess) string {
+		return p.URL + "/v2/app/one/blobs/" + layer.Digest.String() + "?ns=registry.test"
+	}
+
+	first := startProxy(t, args...)
+	resp, err := http.Get(blobURL(first))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Read half the blob as a client, then crash the proxy.
+	if _, err := io.CopyN(io.Discard, resp.Body, layer.Size/2); err != nil {
+		t.Fatal(err)
+	}
+	first.kill()
+	resp.Body.Close()
+	before := path.Stats().BytesDown
+
+	second := startProxy(t, args...)
+	resp, err = http.Get(blobURL(second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, resp.Body)
+	resp.Body.Close()
+	if err != nil || n != layer.Size || "sha256:"+hex.EncodeToString(h.Sum(nil)) != layer.Digest.String() {
+		t.Fatalf("after the restart: %d bytes (err %v), digest mismatch or short", n, err)
+	}
+	total := path.Stats().BytesDown
+	ratio := float64(total) / float64(layer.Size)
+	t.Logf("upstream bytes: %d before the kill, %d in all for a %d-byte blob (%.3fx)", before, total, layer.Size, ratio)
+	if ratio > 1.1 {
+		t.Errorf("upstream bytes: %.3fx the blob, want at most 1.1x", ratio)
+	}
+}
