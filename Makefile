@@ -2,7 +2,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build run test vet deps clean
+.PHONY: all build run test vet deps bench clean
 
 all: build
 
@@ -20,6 +20,10 @@ test: vet
 
 vet:
 	$(GO) vet ./...
+
+## bench: pull the incident's 600 MiB image across the simulated carrier (root, containerd)
+bench:
+	$(GO) run ./bench/pullbench -runs 3 -json bench/results.json
 
 ## deps: install what the end-to-end tests drive (Debian; as root)
 deps:

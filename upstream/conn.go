@@ -27,10 +27,15 @@ type FetchConfig struct {
 	// MaxConnections bounds chunk connections of this upstream across all
 	// blobs. Default 16.
 	MaxConnections int
-	// StallTimeout abandons a connection that delivers no byte for this long.
-	// Default 5 s: a black hole is caught in seconds, a slow but live
-	// connection is not.
+	// StallTimeout abandons a connection that goes silent for this long once
+	// it has started answering. Default 2 s: a black hole is caught in
+	// seconds, and a false alarm costs only a new connection, since the bytes
+	// received are kept. Before the first byte a connection gets
+	// FirstByteTimeout instead.
 	StallTimeout time.Duration
+	// FirstByteTimeout bounds the wait from dialling to the first byte of an
+	// answer (TLS handshake, auth, redirect). Default 10 s.
+	FirstByteTimeout time.Duration
 	// MaxAttempts is how many attempts in a row may fail without a new byte
 	// before an endpoint is given up for the blob. Default 8.
 	MaxAttempts int
@@ -52,14 +57,17 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 		c.MaxConnections = 16
 	}
 	if c.StallTimeout == 0 {
-		c.StallTimeout = 5 * time.Second
+		c.StallTimeout = 2 * time.Second
+	}
+	if c.FirstByteTimeout == 0 {
+		c.FirstByteTimeout = max(10*time.Second, c.StallTimeout)
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 8
 	}
 	switch {
 	case c.Budget < 0 || c.MinBudget < 0 || c.MaxBudget < 0 || c.Parallel < 0 || c.MaxConnections < 0 ||
-		c.StallTimeout < 0 || c.MaxAttempts < 0:
+		c.StallTimeout < 0 || c.FirstByteTimeout < 0 || c.MaxAttempts < 0:
 		return c, errors.New("fetch settings must not be negative")
 	case c.MinBudget > c.Budget:
 		return c, fmt.Errorf("minimum budget %d is above the budget %d", c.MinBudget, c.Budget)
@@ -75,7 +83,7 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 // chunk onto one session), redirects returned rather than followed (so a
 // signed URL is resolved once and reused), and a read deadline renewed on
 // every read, which abandons a silent connection without limiting a slow one.
-func newChunkClient(base *http.Transport, stall time.Duration) *http.Client {
+func newChunkClient(base *http.Transport, firstByte, stall time.Duration) *http.Client {
 	t := base.Clone()
 	t.DisableKeepAlives = true
 	t.ForceAttemptHTTP2 = false
@@ -89,24 +97,34 @@ func newChunkClient(base *http.Transport, stall time.Duration) *http.Client {
 		if err != nil {
 			return nil, err
 		}
-		return &idleTimeoutConn{Conn: c, idle: stall}, nil
+		return &idleTimeoutConn{Conn: c, first: firstByte, idle: stall}, nil
 	}
-	t.ResponseHeaderTimeout = max(stall, t.ResponseHeaderTimeout)
+	t.ResponseHeaderTimeout = max(firstByte, t.ResponseHeaderTimeout)
 	return &http.Client{
 		Transport:     t,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 }
 
-// idleTimeoutConn fails a read that waits longer than idle for a byte.
+// idleTimeoutConn fails a read that waits longer than first for the first
+// byte, or longer than idle for any later one.
 type idleTimeoutConn struct {
 	net.Conn
-	idle time.Duration
+	first, idle time.Duration
+	answered    bool
 }
 
 func (c *idleTimeoutConn) Read(p []byte) (int, error) {
-	if err := c.Conn.SetReadDeadline(time.Now().Add(c.idle)); err != nil {
+	wait := c.idle
+	if !c.answered {
+		wait = c.first
+	}
+	if err := c.Conn.SetReadDeadline(time.Now().Add(wait)); err != nil {
 		return 0, err
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.answered = true
+	}
+	return n, err
 }

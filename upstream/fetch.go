@@ -193,6 +193,7 @@ func (f *blobFetch) worker(ctx context.Context) error {
 type chunk struct {
 	start, end int64 // end is -1 when the size is not known yet
 	open       bool  // ask for bytes=start- and accept a 200
+	probe      bool  // sized to probe a larger connection budget
 }
 
 // claim picks the next range to fetch: at the first offset a client waits
@@ -220,12 +221,21 @@ func (f *blobFetch) claim() (chunk, bool) {
 		f.streaming, f.stream = true, start
 		return chunk{start: start, end: size, open: true}, true
 	}
-	budget := f.ep.budget.get()
+	budget, probe := f.ep.budget.next(time.Now())
 	for _, off := range append(f.w.Wanted(), 0) {
 		if c, ok := f.gapFrom(off, budget); ok {
+			// A chunk cut short by the blob's end or a neighbour proves
+			// nothing about a larger budget.
+			c.probe = probe && c.end-c.start == budget
+			if probe && !c.probe {
+				f.ep.budget.failed(true)
+			}
 			f.inflight = append(f.inflight, span{c.start, c.end})
 			return c, true
 		}
+	}
+	if probe {
+		f.ep.budget.failed(true)
 	}
 	return chunk{}, false
 }
@@ -293,6 +303,15 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 	}
 	defer func() { <-f.r.conns }()
 
+	// A probe that ends any other way than completing or being cut frees
+	// the budget for the next probe.
+	probeSettled := false
+	defer func() {
+		if c.probe && !probeSettled {
+			f.ep.budget.failed(true)
+		}
+	}()
+
 	chunks := f.r.metrics.chunks.MustCurryWith(map[string]string{"upstream": f.r.name, "endpoint": f.ep.host})
 	resp, op, err := f.open(ctx, c)
 	if err != nil {
@@ -340,7 +359,8 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		}
 		kind := cutKind(err)
 		chunks.WithLabelValues("cut").Inc()
-		if next := f.ep.budget.cut(n, kind, time.Now()); next > 0 {
+		probeSettled = true
+		if next := f.ep.budget.cut(n, c.probe, kind, time.Now()); next > 0 {
 			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
 				"cut_at", n, "kind", kind, "budget", next)
 		}
@@ -348,10 +368,12 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 			chunkName(f.digest, start, end), cutVerb(kind), n, end-start, err)
 	}
 	chunks.WithLabelValues("complete").Inc()
-	if !c.open {
-		if next := f.ep.budget.completed(time.Now()); next > 0 {
-			f.r.log.Info("connection budget raised: chunks complete cleanly", "endpoint", f.ep.host, "budget", next)
-		}
+	if resp.StatusCode != http.StatusPartialContent || n != c.end-c.start {
+		return n, nil // not the chunk that was asked for: no evidence about the budget
+	}
+	probeSettled = true
+	if next := f.ep.budget.completed(n, c.probe, time.Now()); next > 0 {
+		f.r.log.Info("connection budget raised: larger chunks complete cleanly", "endpoint", f.ep.host, "budget", next)
 	}
 	return n, nil
 }

@@ -134,7 +134,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		metrics: o.metrics,
 	}
 	if t, ok := o.transport.(*http.Transport); ok {
-		r.chunks = newChunkClient(t, fetch.StallTimeout)
+		r.chunks = newChunkClient(t, fetch.FirstByteTimeout, fetch.StallTimeout)
 	} else { // a caller's own transport: used as it is
 		r.chunks = &http.Client{Transport: o.transport,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}

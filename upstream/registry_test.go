@@ -700,6 +700,7 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("second NewMetrics on one registerer: got no error, want one")
 	}
 	blob := []byte("some blob bytes")
+	// Blobs are served whole, Range or not.
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, "/blobs/") {
 			w.Write(blob)
@@ -710,28 +711,46 @@ func TestMetrics(t *testing.T) {
 	t.Cleanup(srv.Close)
 	tr := NewTransport()
 	t.Cleanup(tr.CloseIdleConnections)
-	r, err := New("m.example", []string{closedURL(t), srv.URL}, WithTransport(tr), WithLogger(discardLogger), WithMetrics(m))
+	closed := closedURL(t)
+	r, err := New("m.example", []string{closed, srv.URL}, WithTransport(tr), WithLogger(discardLogger), WithMetrics(m),
+		WithFetchConfig(FetchConfig{Budget: 1 << 20, MaxBudget: 2 << 20}))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	r.HeadManifest(t.Context(), "a", "latest", nil)
 	w := newMemBlobWriter(-1)
+	// The first endpoint refuses the size HEAD; the second answers it and
+	// the one chunk.
 	if err := r.FetchBlob(t.Context(), "a", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("FetchBlob: %v", err)
 	}
+	first, second := strings.TrimPrefix(closed, "http://"), host(srv)
 	tests := []struct {
+		name string
 		c    prometheus.Collector
 		want float64
 	}{
-		{m.requests.WithLabelValues("m.example", "HEAD", "error"), 1},
-		{m.requests.WithLabelValues("m.example", "HEAD", "404"), 1},
-		{m.requests.WithLabelValues("m.example", "GET", "error"), 1},
-		{m.requests.WithLabelValues("m.example", "GET", "200"), 1},
-		{m.blobBytes.WithLabelValues("m.example"), float64(len(blob))},
+		{"HEADs refused", m.requests.WithLabelValues("m.example", "HEAD", "error"), 2},
+		{"manifest HEAD", m.requests.WithLabelValues("m.example", "HEAD", "404"), 1},
+		{"blob HEAD", m.requests.WithLabelValues("m.example", "HEAD", "200"), 1},
+		{"GETs refused", m.requests.WithLabelValues("m.example", "GET", "error"), 0},
+		{"the chunk, Range ignored", m.requests.WithLabelValues("m.example", "GET", "200"), 1},
+		{"blob bytes", m.blobBytes.WithLabelValues("m.example"), float64(len(blob))},
+		{"chunks complete", m.chunks.WithLabelValues("m.example", second, "complete"), 1},
+		{"chunks cut", m.chunks.WithLabelValues("m.example", second, "cut"), 0},
+		{"budget of the first endpoint", m.budget.WithLabelValues("m.example", first), 1 << 20},
+		{"budget of the second endpoint", m.budget.WithLabelValues("m.example", second), 1 << 20},
 	}
-	for i, tt := range tests {
+	for _, tt := range tests {
 		if got := testutil.ToFloat64(tt.c); got != tt.want {
-			t.Errorf("metric %d: got %v, want %v", i, got, tt.want)
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	// The metrics registered under their names.
+	for _, name := range []string{"pullproxy_upstream_requests_total", "pullproxy_upstream_blob_bytes_total",
+		"pullproxy_upstream_connection_budget_bytes", "pullproxy_upstream_chunks_total"} {
+		if n, err := testutil.GatherAndCount(reg, name); err != nil || n == 0 {
+			t.Errorf("series of %s: got %v, %v, want some", name, n, err)
 		}
 	}
 }

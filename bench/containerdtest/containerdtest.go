@@ -312,6 +312,25 @@ func (d *Daemon) WriteHostsDir(host, mirrorURL string) (string, error) {
 	return hostsDir, nil
 }
 
+// WriteDirectHostsDir writes <dir>/hosts/<host>/hosts.toml sending every
+// request for registry host straight to serverURL (e.g. "http://127.0.0.1:5001"),
+// with no mirror: the baseline a mirror is measured against.
+func (d *Daemon) WriteDirectHostsDir(host, serverURL string) (string, error) {
+	if host == "" || strings.ContainsAny(host, "/\\") {
+		return "", fmt.Errorf("containerdtest: invalid registry host %q", host)
+	}
+	hostsDir := filepath.Join(d.dir, "hosts-direct")
+	hostDir := filepath.Join(hostsDir, host)
+	if err := os.MkdirAll(hostDir, 0o755); err != nil {
+		return "", fmt.Errorf("containerdtest: creating hosts dir for %s: %w", host, err)
+	}
+	content := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", serverURL, serverURL)
+	if err := os.WriteFile(filepath.Join(hostDir, "hosts.toml"), []byte(content), 0o644); err != nil {
+		return "", fmt.Errorf("containerdtest: writing hosts.toml for %s: %w", host, err)
+	}
+	return hostsDir, nil
+}
+
 // ContentFetch runs `ctr content fetch --hosts-dir hostsDir ref` against the
 // daemon and returns ctr's combined output. Plain-http mirrors need no extra
 // flag as long as hosts.toml spells their URL with "http://".

@@ -36,17 +36,19 @@ type fetchConfig struct {
 	ParallelChunks      int           `yaml:"parallel_chunks"`
 	MaxConnections      int           `yaml:"max_connections"`
 	StallTimeout        time.Duration `yaml:"stall_timeout"`
+	FirstByteTimeout    time.Duration `yaml:"first_byte_timeout"`
 	MaxAttempts         int           `yaml:"max_attempts"`
 }
 
 func (f fetchConfig) options() upstream.FetchConfig {
 	return upstream.FetchConfig{
-		Budget:         int64(f.ConnectionBudget),
-		MaxBudget:      int64(f.MaxConnectionBudget),
-		Parallel:       f.ParallelChunks,
-		MaxConnections: f.MaxConnections,
-		StallTimeout:   f.StallTimeout,
-		MaxAttempts:    f.MaxAttempts,
+		Budget:           int64(f.ConnectionBudget),
+		MaxBudget:        int64(f.MaxConnectionBudget),
+		Parallel:         f.ParallelChunks,
+		MaxConnections:   f.MaxConnections,
+		StallTimeout:     f.StallTimeout,
+		FirstByteTimeout: f.FirstByteTimeout,
+		MaxAttempts:      f.MaxAttempts,
 	}
 }
 

@@ -1,0 +1,229 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pullproxy/pullproxy/bench/carrier"
+	"github.com/pullproxy/pullproxy/bench/registrytest"
+)
+
+// proxyProcess is a pullproxy serving on loopback with a data dir of its own.
+type proxyProcess struct {
+	cmd     *exec.Cmd
+	url     string
+	dataDir string
+}
+
+var addrRE = regexp.MustCompile(`msg="pullproxy serving".* addr=(\S+)`)
+
+// startProxy starts pullproxy with an empty data dir, mirroring registryHost
+// from upstreamURL.
+func startProxy(ctx context.Context, b *bench, upstreamURL string) (*proxyProcess, error) {
+	dataDir, err := os.MkdirTemp(b.dir, "data")
+	if err != nil {
+		return nil, err
+	}
+	return startProxyOn(ctx, b, upstreamURL, dataDir)
+}
+
+func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*proxyProcess, error) {
+	cmd := exec.Command(b.bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir,
+		"--upstream", registryHost+"="+upstreamURL)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proxyProcess{cmd: cmd, dataDir: dataDir}
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
+				addrc <- m[1]
+			}
+			if strings.Contains(sc.Text(), "level=ERROR") {
+				fmt.Fprintln(os.Stderr, "pullproxy:", sc.Text())
+			}
+		}
+	}()
+	select {
+	case addr := <-addrc:
+		p.url = "http://" + addr
+		return p, nil
+	case <-time.After(30 * time.Second):
+		p.kill()
+		return nil, fmt.Errorf("pullproxy did not start")
+	case <-ctx.Done():
+		p.kill()
+		return nil, ctx.Err()
+	}
+}
+
+func (p *proxyProcess) stop() {
+	p.cmd.Process.Signal(os.Interrupt)
+	p.cmd.Wait()
+}
+
+func (p *proxyProcess) kill() {
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+}
+
+// peakRSS returns the process's peak resident set size (VmHWM) in MiB.
+func (p *proxyProcess) peakRSS() float64 {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.cmd.Process.Pid), "status"))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+func (p *proxyProcess) blobURL(d registrytest.Descriptor) string {
+	return p.url + "/v2/" + repo + "/blobs/" + d.Digest.String() + "?ns=" + registryHost
+}
+
+// getBlob fetches a blob through the proxy and checks its digest.
+func getBlob(ctx context.Context, url string, d registrytest.Descriptor) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", d.Digest, resp.Status)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, resp.Body)
+	if err != nil {
+		return fmt.Errorf("GET %s: after %d bytes: %w", d.Digest, n, err)
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != d.Digest.String() {
+		return fmt.Errorf("GET %s: got content hashing to %s", d.Digest, got)
+	}
+	return nil
+}
+
+// coalesce: many clients ask for one cold layer at once, across the carrier.
+func (b *bench) coalesce(ctx context.Context) (result, error) {
+	path, err := b.carrier(carrier.Reset, b.cfg.CutProb)
+	if err != nil {
+		return result{}, err
+	}
+	defer path.Close()
+	p, err := startProxy(ctx, b, path.URL())
+	if err != nil {
+		return result{}, err
+	}
+	defer p.stop()
+	layer := b.pushed.Layers[0]
+	start := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	for range b.cfg.Clients {
+		g.Go(func() error { return getBlob(gctx, p.blobURL(layer), layer) })
+	}
+	if err := g.Wait(); err != nil {
+		return result{}, err
+	}
+	return result{Seconds: []float64{time.Since(start).Seconds()}, PeakRSSMiB: p.peakRSS(),
+		UpstreamRatio: ratio(path.Stats().BytesDown, layer.Size)}, nil
+}
+
+// killed: pullproxy is killed with SIGKILL when a client has read half of a
+// cold layer, restarted on the same data dir, and asked again.
+func (b *bench) killed(ctx context.Context) (result, error) {
+	path, err := b.carrier(carrier.Reset, b.cfg.CutProb)
+	if err != nil {
+		return result{}, err
+	}
+	defer path.Close()
+	p, err := startProxy(ctx, b, path.URL())
+	if err != nil {
+		return result{}, err
+	}
+	layer := b.pushed.Layers[0]
+	start := time.Now()
+	resp, err := http.Get(p.blobURL(layer))
+	if err != nil {
+		p.kill()
+		return result{}, err
+	}
+	_, err = io.CopyN(io.Discard, resp.Body, layer.Size/2)
+	p.kill()
+	resp.Body.Close()
+	if err != nil {
+		return result{}, fmt.Errorf("reading the first half: %w", err)
+	}
+	p, err = startProxyOn(ctx, b, path.URL(), p.dataDir)
+	if err != nil {
+		return result{}, err
+	}
+	defer p.stop()
+	if err := getBlob(ctx, p.blobURL(layer), layer); err != nil {
+		return result{}, err
+	}
+	return result{Seconds: []float64{time.Since(start).Seconds()},
+		UpstreamRatio: ratio(path.Stats().BytesDown, layer.Size)}, nil
+}
+
+// memory: many clients pull the whole cold image at once (each blob, three
+// at a time per client, as containerd does) while pullproxy's peak resident
+// memory is watched.
+func (b *bench) memory(ctx context.Context) (result, error) {
+	path, err := b.carrier(carrier.Reset, b.cfg.CutProb)
+	if err != nil {
+		return result{}, err
+	}
+	defer path.Close()
+	p, err := startProxy(ctx, b, path.URL())
+	if err != nil {
+		return result{}, err
+	}
+	defer p.stop()
+	blobs := append([]registrytest.Descriptor{b.pushed.Config}, b.pushed.Layers...)
+	start := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	for range b.cfg.Clients {
+		g.Go(func() error {
+			cg, cctx := errgroup.WithContext(gctx)
+			cg.SetLimit(3)
+			for _, d := range blobs {
+				cg.Go(func() error { return getBlob(cctx, p.blobURL(d), d) })
+			}
+			return cg.Wait()
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return result{}, err
+	}
+	return result{Seconds: []float64{time.Since(start).Seconds()}, PeakRSSMiB: p.peakRSS(),
+		UpstreamRatio: ratio(path.Stats().BytesDown, b.bytes)}, nil
+}
