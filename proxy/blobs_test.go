@@ -357,3 +357,35 @@ func TestDownloadOutlivesClient(t *testing.T) {
 		t.Errorf("upstream bytes: got %d, want %d", n, len(content))
 	}
 }
+
+// TestCorruptEndpointFallsBackToNext: a blob that fails verification from
+// the first endpoint is fetched again from the next, and only the good
+// bytes are ever served complete.
+func TestCorruptEndpointFallsBackToNext(t *testing.T) {
+	t.Parallel()
+	content := randomBytes(t, 1<<20)
+	bad, badSrv := newBlobServer(t, content)
+	bad.corrupt = true
+	good, goodSrv := newBlobServer(t, content)
+	e := &env{t: t, dir: t.TempDir(), upstream: badSrv, counter: &counter{counts: map[string]int{}}}
+	e.start(badSrv.URL + "," + goodSrv.URL)
+	url := e.proxy.URL + "/v2/test/app/blobs/" + bad.digest.String() + "?ns=" + upstreamName
+
+	// The first client may be served from the corrupt attempt: a short read.
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil && !bytes.Equal(got, content) {
+		t.Fatalf("a complete response with the wrong bytes")
+	}
+	// Asking again, as containerd does after a short read, gets the blob.
+	if resp, body := e.get("GET", "/v2/test/app/blobs/"+bad.digest.String()+"?ns="+upstreamName, nil); resp.StatusCode != 200 || !bytes.Equal(body, content) {
+		t.Fatalf("retry: status %d, %d bytes", resp.StatusCode, len(body))
+	}
+	if bad.sent.Load() == 0 || good.sent.Load() != int64(len(content)) {
+		t.Errorf("bytes sent: corrupt endpoint %d, good endpoint %d; want some, and the blob once", bad.sent.Load(), good.sent.Load())
+	}
+}

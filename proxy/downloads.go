@@ -107,20 +107,33 @@ func (t *downloads) run(rt route, dl *download) {
 	log := t.srv.log.With("upstream", rt.up.Name(), "repo", rt.repo, "digest", d)
 	log.Info("blob download started")
 
-	err := rt.up.FetchBlob(ctx, rt.repo, d, p)
-	switch {
-	case err == nil:
-		err = p.Commit(ctx) // fails (and discards) on a digest mismatch
-	case keepPartial(err):
-		p.Abandon(err) // the next download of d resumes from here
-	default:
-		p.Fail(err)
+	var err error
+	for skip := 0; ; skip++ {
+		err = rt.up.FetchBlob(ctx, rt.repo, d, p, upstream.SkipEndpoints(skip))
+		switch {
+		case err == nil:
+			err = p.Commit(ctx) // fails, and discards the bytes, on a digest mismatch
+		case keepPartial(err):
+			p.Abandon(err) // the next download of d resumes from here
+		default:
+			p.Fail(err)
+		}
+		if !errors.Is(err, storage.ErrDigestMismatch) || skip+1 >= len(rt.up.Endpoints()) {
+			break
+		}
+		// Corrupt at this endpoint: the next one may hold it intact. Clients
+		// of the failed attempt got a short read and will ask again.
+		log.Warn("blob failed verification: fetching it from the next endpoint", "err", err,
+			"next", rt.up.Endpoints()[skip+1])
+		if p, err = t.srv.store.NewPartial(ctx, d, p.Size()); err != nil {
+			break
+		}
 	}
 	t.remove(d, dl)
 
 	if err != nil {
 		t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "failed").Inc()
-		attrs := []any{"err", err, "bytes", p.Written(), "duration", time.Since(start).Round(time.Millisecond)}
+		attrs := []any{"err", err, "duration", time.Since(start).Round(time.Millisecond)}
 		if h := hint(err); h != "" {
 			attrs = append(attrs, "fix", h)
 		}

@@ -115,6 +115,7 @@ func newEnv(t testing.TB, opts ...Option) *env {
 }
 
 // start opens the store and starts the proxy, as a (re)started process would.
+// upstreamURL may list several endpoints, comma-separated.
 func (e *env) start(upstreamURL string, opts ...Option) {
 	e.t.Helper()
 	ctx := context.Background()
@@ -122,7 +123,9 @@ func (e *env) start(upstreamURL string, opts ...Option) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	up, err := upstream.New(upstreamName, []string{upstreamURL}, upstream.WithLogger(testLog(e.t)))
+	// Endpoints comma-separated; few attempts, so that giving up is quick.
+	up, err := upstream.New(upstreamName, strings.Split(upstreamURL, ","), upstream.WithLogger(testLog(e.t)),
+		upstream.WithFetchConfig(upstream.FetchConfig{MaxAttempts: 3}))
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -28,7 +28,9 @@ type Upstream interface {
 	HeadManifest(ctx context.Context, repo, ref string, accept []string) (upstream.Descriptor, error)
 	GetManifest(ctx context.Context, repo, ref string, accept []string) (upstream.Descriptor, []byte, error)
 	HeadBlob(ctx context.Context, repo string, d digest.Digest) (int64, error)
-	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) error
+	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter, opts ...upstream.FetchOption) error
+	// Endpoints lists the URLs serving the upstream, in the order they are tried.
+	Endpoints() []string
 }
 
 var _ Upstream = (*upstream.Registry)(nil)

@@ -39,24 +39,41 @@ type BlobWriter interface {
 // fetchBufferSize is the read size on the blob path, pooled per chunk.
 const fetchBufferSize = 256 << 10
 
+// FetchOption adjusts one FetchBlob call.
+type FetchOption func(*fetchOptions)
+
+type fetchOptions struct{ skip int }
+
+// SkipEndpoints makes FetchBlob start at the endpoint after the first n: to
+// fetch a blob again from elsewhere after n endpoints served it corrupt.
+func SkipEndpoints(n int) FetchOption { return func(o *fetchOptions) { o.skip = n } }
+
 // FetchBlob writes blob d of repo into w as HTTP Range requests of at most
 // one connection budget each, several at once, each on a connection of its
 // own. A chunk cut short is re-requested from its first missing byte; an
 // endpoint that keeps failing is left for the next one. The digest is not
 // checked here: w's owner does that once every byte is in.
-func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter) error {
+func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter, opts ...FetchOption) error {
+	var o fetchOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.skip >= len(r.endpoints) {
+		return fmt.Errorf("fetching %s: no endpoint left after skipping %d", d, o.skip)
+	}
+	eps := r.endpoints[o.skip:]
 	var err error
-	for i, ep := range r.endpoints {
+	for i, ep := range eps {
 		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w}
 		if err = f.run(ctx); err == nil || ctx.Err() != nil {
 			return err
 		}
-		if i+1 < len(r.endpoints) {
+		if i+1 < len(eps) {
 			r.log.Warn("blob fetch failed on an endpoint, trying the next", "digest", d,
-				"endpoint", ep.host, "next", r.endpoints[i+1].host, "err", err)
+				"endpoint", ep.host, "next", eps[i+1].host, "err", err)
 		}
 	}
-	if len(r.endpoints) > 1 {
+	if len(eps) > 1 {
 		return fmt.Errorf("fetching %s: every endpoint failed, the last with: %w", d, err)
 	}
 	return err
