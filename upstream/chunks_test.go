@@ -487,8 +487,6 @@ func TestFetchBlobMaxConnections(t *testing.T) {
 // size, the first chunk learns it; then Parallel chunks are in flight.
 func TestFetchBlobParallelWithoutHeadSize(t *testing.T) {
 	t.Parallel()
-	t.Skip("bug: when the size HEAD gives no size, the workers other than the one fetching the first chunk " +
-		"find nothing to claim and return, so the rest of the blob is fetched one chunk at a time")
 	synctest.Test(t, func(t *testing.T) {
 		const parallel = 4
 		blob := randomBlob(64 << 10)
@@ -516,8 +514,6 @@ func TestFetchBlobParallelWithoutHeadSize(t *testing.T) {
 // failed attempt like any other, not the end of the fetch.
 func TestFetchBlobHeadFailureRetried(t *testing.T) {
 	t.Parallel()
-	t.Skip("bug: learnSize returns the HEAD's transport error at once, so one reset of the size HEAD " +
-		"ends the endpoint's turn (with one endpoint, the fetch) with no retry and no backoff")
 	synctest.Test(t, func(t *testing.T) {
 		blob := randomBlob(3000)
 		s := &scriptedBlob{size: int64(len(blob)), get: func(_ int, rng string) *http.Response {
@@ -565,8 +561,6 @@ func (w cancellingWriter) WriteAt(p []byte, off int64) (int, error) {
 // not a cut of the network path, and leaves the budget alone.
 func TestFetchBlobCancelKeepsBudget(t *testing.T) {
 	t.Parallel()
-	t.Skip("bug: fetchChunk counts a body read ended by the context (caller gone, or errgroup cancelled after " +
-		"another chunk's fatal error) as a cut, lowering the endpoint's budget to 3/4 of the bytes read so far")
 	const (
 		size    = 200_000
 		initial = 256 << 10
@@ -592,6 +586,118 @@ func TestFetchBlobCancelKeepsBudget(t *testing.T) {
 	labels := map[string]string{"upstream": testUpstream, "endpoint": host(srv)}
 	if got := metricValue(t, reg, "pullproxy_upstream_connection_cuts_total", labels); got != 0 {
 		t.Errorf("pullproxy_upstream_connection_cuts_total: got %v, want %v", got, 0)
+	}
+}
+
+// TestFetchBlobProbeFreedOnCancel: a probe chunk whose fetch is cancelled
+// while it waits for a connection slot must not keep the endpoint's budget
+// from probing again.
+func TestFetchBlobProbeFreedOnCancel(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const budget = 8 << 10
+		small, large := randomBlob(100), randomBlob(64<<10)
+		servers := map[string]*rangeServer{}
+		for _, b := range [][]byte{small, large} {
+			servers["/v2/org/app/blobs/"+digest.FromBytes(b).String()] = &rangeServer{blob: b}
+		}
+		hold := make(chan struct{})
+		smallPath := "/v2/org/app/blobs/" + digest.FromBytes(small).String()
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && r.URL.Path == smallPath {
+				<-hold
+			}
+			servers[r.URL.Path].ServeHTTP(w, r)
+		})
+		cfg := FetchConfig{Budget: budget, MinBudget: budget, MaxBudget: 1 << 20, Parallel: 1, MaxConnections: 1}
+		r := newMemFetchRegistry(t, memNet{"registry.test": handlerRT{h}}, cfg, "https://registry.test")
+
+		// The small blob's one chunk (too short to be a probe) holds the
+		// only connection; the large blob's first chunk, a probe, waits
+		// for it and is cancelled.
+		smallDone := make(chan error, 1)
+		go func() {
+			smallDone <- r.FetchBlob(t.Context(), "org/app", digest.FromBytes(small), newMemBlobWriter(-1))
+		}()
+		synctest.Wait()
+		ctx, cancel := context.WithCancel(t.Context())
+		largeDone := make(chan error, 1)
+		go func() { largeDone <- r.FetchBlob(ctx, "org/app", digest.FromBytes(large), newMemBlobWriter(-1)) }()
+		synctest.Wait()
+		cancel()
+		if err := <-largeDone; !errors.Is(err, context.Canceled) {
+			t.Errorf("cancelled fetch: got %v, want %v", err, context.Canceled)
+		}
+		close(hold)
+		if err := <-smallDone; err != nil {
+			t.Errorf("small blob: got %v, want no error", err)
+		}
+
+		// The next fetch probes: its first chunk asks for twice the budget.
+		w := newMemBlobWriter(-1)
+		if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(large), w); err != nil {
+			t.Fatalf("got %v, want no error", err)
+		}
+		checkBlob(t, w, large)
+		gets := servers["/v2/org/app/blobs/"+digest.FromBytes(large).String()].getRequests()
+		if len(gets) == 0 {
+			t.Fatalf("GETs of the large blob: got none, want some")
+		}
+		if got, want := askedLen(gets[0], int64(len(large))), int64(2*budget); got != want {
+			t.Errorf("first chunk after the cancel: got %v bytes, want %v (a probe)", got, want)
+		}
+	})
+}
+
+// TestFetchBlobSkipEndpoints: a blob fetched again after n endpoints served
+// it corrupt starts at the next endpoint.
+func TestFetchBlobSkipEndpoints(t *testing.T) {
+	t.Parallel()
+	blob := randomBlob(5000)
+	corrupt := slices.Clone(blob)
+	corrupt[100] ^= 0xff
+	tests := []struct {
+		name      string
+		bug       string
+		skip      int
+		want      []byte // nil: an error
+		firstUsed bool
+	}{
+		{"none skipped", "", 0, corrupt, true},
+		{"the first skipped", "", 1, blob, false},
+		{"all skipped", "", 2, nil, false},
+		{"negative", "", -1, corrupt, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			if tt.bug != "" {
+				t.Skip(tt.bug)
+			}
+			first, second := &rangeServer{blob: corrupt}, &rangeServer{blob: blob}
+			s1, s2 := httptest.NewServer(first), httptest.NewServer(second)
+			t.Cleanup(s1.Close)
+			t.Cleanup(s2.Close)
+			r := newTestRegistry(t, s1.URL, s2.URL)
+			w := newMemBlobWriter(-1)
+			err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w, SkipEndpoints(tt.skip))
+			if tt.want == nil {
+				if err == nil {
+					t.Errorf("got no error, want one")
+				}
+			} else {
+				if err != nil {
+					t.Fatalf("got %v, want no error", err)
+				}
+				checkBlob(t, w, tt.want)
+			}
+			if got := len(first.all()) > 0; got != tt.firstUsed {
+				t.Errorf("first endpoint asked: got %v, want %v", got, tt.firstUsed)
+			}
+			if got, want := len(second.all()) > 0, tt.want != nil && !tt.firstUsed; got != want {
+				t.Errorf("second endpoint asked: got %v, want %v", got, want)
+			}
+		})
 	}
 }
 

@@ -58,6 +58,7 @@ func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, 
 	for _, opt := range opts {
 		opt(&o)
 	}
+	o.skip = max(o.skip, 0)
 	if o.skip >= len(r.endpoints) {
 		return fmt.Errorf("fetching %s: no endpoint left after skipping %d", d, o.skip)
 	}
@@ -88,14 +89,15 @@ type blobFetch struct {
 	w      BlobWriter
 
 	mu        sync.Mutex
-	inflight  []span   // ranges claimed by workers
-	location  *url.URL // where the registry redirected blob GETs: reused until refused
-	noRange   bool     // the endpoint ignores Range: one stream from the first missing byte
-	streaming bool     // with noRange: a worker holds the stream
-	stream    int64    // with streaming: the start of the chunk that holds it
-	sizing    bool     // size unknown: a worker is fetching the first chunk
-	failures  int      // attempts in a row without a new byte
-	warned    bool     // the size disagreement was logged
+	inflight  []span        // ranges claimed by workers
+	location  *url.URL      // where the registry redirected blob GETs: reused until refused
+	noRange   bool          // the endpoint ignores Range: one stream from the first missing byte
+	streaming bool          // with noRange: a worker holds the stream
+	stream    int64         // with streaming: the start of the chunk that holds it
+	sizing    bool          // size unknown: a worker is fetching the first chunk
+	sized     chan struct{} // with sizing: closed when that chunk is released
+	failures  int           // attempts in a row without a new byte
+	warned    bool          // the size disagreement was logged
 }
 
 type span struct{ start, end int64 }
@@ -118,6 +120,9 @@ func (f *blobFetch) learnSize(ctx context.Context) error {
 	q := request{method: http.MethodHead, repo: f.repo, path: "blobs/" + f.digest.String()}
 	resp, err := f.r.send(ctx, f.ep.url, q)
 	if err != nil {
+		if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
+			return nil // the first chunk learns the size, with the usual retries
+		}
 		return err
 	}
 	resp.Body.Close()
@@ -174,9 +179,17 @@ func sizeMismatchMessage(d digest.Digest, claimed, declared int64) string {
 // worker fetches chunks until none is left to claim.
 func (f *blobFetch) worker(ctx context.Context) error {
 	for {
-		c, ok := f.claim()
+		c, ok, wait := f.claim()
 		if !ok {
-			return nil
+			if wait == nil {
+				return nil
+			}
+			select { // the first chunk is learning the size
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return ctx.Err()
+			}
 		}
 		n, err := f.fetchChunk(ctx, c)
 		f.release(c)
@@ -215,28 +228,30 @@ type chunk struct {
 
 // claim picks the next range to fetch: at the first offset a client waits
 // for that is neither written nor claimed, else the first such offset from
-// the start; at most one connection budget long.
-func (f *blobFetch) claim() (chunk, bool) {
+// the start; at most one connection budget long. When there is nothing to
+// claim yet but may be soon (the size is being learned), it returns a
+// channel to wait on.
+func (f *blobFetch) claim() (chunk, bool, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	size := f.w.Size()
 	switch {
 	case size < 0:
 		if f.sizing {
-			return chunk{}, false
+			return chunk{}, false, f.sized
 		}
-		f.sizing = true
-		return chunk{start: 0, end: f.ep.budget.get()}, true
+		f.sizing, f.sized = true, make(chan struct{})
+		return chunk{start: 0, end: f.ep.budget.get()}, true, nil
 	case f.noRange:
 		if f.streaming {
-			return chunk{}, false
+			return chunk{}, false, nil
 		}
 		start, end := f.w.Missing(0)
 		if start >= end {
-			return chunk{}, false
+			return chunk{}, false, nil
 		}
 		f.streaming, f.stream = true, start
-		return chunk{start: start, end: size, open: true}, true
+		return chunk{start: start, end: size, open: true}, true, nil
 	}
 	budget, probe := f.ep.budget.next(time.Now())
 	for _, off := range append(f.w.Wanted(), 0) {
@@ -248,13 +263,13 @@ func (f *blobFetch) claim() (chunk, bool) {
 				f.ep.budget.failed(true)
 			}
 			f.inflight = append(f.inflight, span{c.start, c.end})
-			return c, true
+			return c, true, nil
 		}
 	}
 	if probe {
 		f.ep.budget.failed(true)
 	}
-	return chunk{}, false
+	return chunk{}, false, nil
 }
 
 // gapFrom finds the first unwritten, unclaimed range at or after off.
@@ -283,7 +298,10 @@ func (f *blobFetch) gapFrom(off, budget int64) (chunk, bool) {
 func (f *blobFetch) release(c chunk) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.sizing = false
+	if f.sizing {
+		f.sizing = false
+		close(f.sized)
+	}
 	if f.streaming && f.stream == c.start {
 		f.streaming = false
 	}
@@ -313,13 +331,6 @@ func (f *blobFetch) failed() int {
 // fetchChunk fetches one chunk on a connection of its own and returns how
 // many bytes it wrote.
 func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
-	select {
-	case f.r.conns <- struct{}{}:
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	defer func() { <-f.r.conns }()
-
 	// A probe that ends any other way than completing or being cut frees
 	// the budget for the next probe.
 	probeSettled := false
@@ -328,6 +339,12 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 			f.ep.budget.failed(true)
 		}
 	}()
+	select {
+	case f.r.conns <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-f.r.conns }()
 
 	chunks := f.r.metrics.chunks.MustCurryWith(map[string]string{"upstream": f.r.name, "endpoint": f.ep.host})
 	resp, op, err := f.open(ctx, c)
@@ -353,6 +370,9 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 			return 0, err
 		}
 		end = min(last+1, f.w.Size())
+		if !c.open && c.end >= 0 {
+			end = min(end, c.end) // a longer answer than asked for would overrun the budget
+		}
 	case http.StatusOK:
 		// The upstream ignores Range: from now on one stream, from the start.
 		f.mu.Lock()
@@ -370,9 +390,15 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 	}
 
 	n, err := f.copyBody(resp.Body, start, end)
+	// A stream restarted from byte 0 re-sends bytes already held: only those
+	// past the chunk's start are progress.
+	fresh := max(0, start+n-c.start)
 	if err != nil {
 		if errors.Is(err, errStore) {
-			return n, fail(ErrInvalid, err, "storing %s at %d: %v", f.digest, start+n, err)
+			return fresh, fail(ErrInvalid, err, "storing %s at %d: %v", f.digest, start+n, err)
+		}
+		if ctx.Err() != nil {
+			return fresh, ctx.Err() // we hung up: not the path's doing
 		}
 		kind := cutKind(err)
 		chunks.WithLabelValues("cut").Inc()
@@ -381,18 +407,18 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
 				"cut_at", n, "kind", kind, "budget", next)
 		}
-		return n, fail(ErrUnavailable, err, "%s: connection %s after %d of %d bytes: %v",
+		return fresh, fail(ErrUnavailable, err, "%s: connection %s after %d of %d bytes: %v",
 			chunkName(f.digest, start, end), cutVerb(kind), n, end-start, err)
 	}
 	chunks.WithLabelValues("complete").Inc()
 	if resp.StatusCode != http.StatusPartialContent || n != c.end-c.start {
-		return n, nil // not the chunk that was asked for: no evidence about the budget
+		return fresh, nil // not the chunk that was asked for: no evidence about the budget
 	}
 	probeSettled = true
 	if next := f.ep.budget.completed(n, c.probe, time.Now()); next > 0 {
 		f.r.log.Info("connection budget raised: larger chunks complete cleanly", "endpoint", f.ep.host, "budget", next)
 	}
-	return n, nil
+	return fresh, nil
 }
 
 // open sends the chunk's request: to the URL the registry redirected to

@@ -712,16 +712,20 @@ func TestMetrics(t *testing.T) {
 	tr := NewTransport()
 	t.Cleanup(tr.CloseIdleConnections)
 	closed := closedURL(t)
-	r, err := New("m.example", []string{closed, srv.URL}, WithTransport(tr), WithLogger(discardLogger), WithMetrics(m),
-		WithFetchConfig(FetchConfig{Budget: 1 << 20, MaxBudget: 2 << 20}))
+	opts := []Option{WithTransport(tr), WithLogger(discardLogger), WithMetrics(m),
+		WithFetchConfig(FetchConfig{Budget: 1 << 20, MaxBudget: 2 << 20})}
+	r, err := New("m.example", []string{closed, srv.URL}, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
 	r.HeadManifest(t.Context(), "a", "latest", nil)
+	// Metrics are shared by the registries of a process.
+	r2, err := New("m.example", []string{srv.URL}, opts...)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
 	w := newMemBlobWriter(-1)
-	// The first endpoint refuses the size HEAD; the second answers it and
-	// the one chunk.
-	if err := r.FetchBlob(t.Context(), "a", digest.FromBytes(blob), w); err != nil {
+	if err := r2.FetchBlob(t.Context(), "a", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("FetchBlob: %v", err)
 	}
 	first, second := strings.TrimPrefix(closed, "http://"), host(srv)
@@ -730,7 +734,7 @@ func TestMetrics(t *testing.T) {
 		c    prometheus.Collector
 		want float64
 	}{
-		{"HEADs refused", m.requests.WithLabelValues("m.example", "HEAD", "error"), 2},
+		{"HEAD refused", m.requests.WithLabelValues("m.example", "HEAD", "error"), 1},
 		{"manifest HEAD", m.requests.WithLabelValues("m.example", "HEAD", "404"), 1},
 		{"blob HEAD", m.requests.WithLabelValues("m.example", "HEAD", "200"), 1},
 		{"GETs refused", m.requests.WithLabelValues("m.example", "GET", "error"), 0},
