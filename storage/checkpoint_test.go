@@ -2,9 +2,12 @@ package storage
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
@@ -151,4 +154,42 @@ func TestReconcilePartials(t *testing.T) {
 	if err := s.get(partialKey(orphan), &partialRecord{}); err == nil {
 		t.Error("record without a file kept, want dropped")
 	}
+}
+
+// TestPartialWanted: the offsets readers wait at are reported, once each,
+// while they wait.
+func TestPartialWanted(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	p, err := s.NewPartial(t.Context(), digest.FromString("wanted"), 10*HoldBack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Fail(nil)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	for _, off := range []int64{5 * HoldBack, HoldBack, 5 * HoldBack} {
+		go func() {
+			p.WaitAvailable(ctx, off)
+			done <- struct{}{}
+		}()
+	}
+	want := []int64{HoldBack, 5 * HoldBack}
+	for !slices.Equal(p.Wanted(), want) || p.waiters() != 3 {
+		runtime.Gosched()
+	}
+	cancel()
+	for range 3 {
+		<-done
+	}
+	if got := p.Wanted(); len(got) != 0 {
+		t.Errorf("Wanted after the readers left: got %v, want none", got)
+	}
+}
+
+// waiters returns how many readers are waiting.
+func (p *Partial) waiters() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.wanted)
 }

@@ -14,6 +14,7 @@ type endpoint struct {
 	url    *url.URL
 	host   string // label for logs and metrics
 	budget *budget
+	chunks *prometheus.CounterVec // chunks by result, curried with upstream and endpoint
 }
 
 // budget is the byte budget of one connection to an endpoint: how much a TCP

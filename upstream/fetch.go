@@ -346,7 +346,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 	}
 	defer func() { <-f.r.conns }()
 
-	chunks := f.r.metrics.chunks.MustCurryWith(map[string]string{"upstream": f.r.name, "endpoint": f.ep.host})
+	chunks := f.ep.chunks
 	resp, op, err := f.open(ctx, c)
 	if err != nil {
 		chunks.WithLabelValues("failed").Inc()

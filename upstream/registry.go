@@ -152,6 +152,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			url:    u,
 			host:   u.Host,
 			budget: newBudget(fetch, o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
+			chunks: o.metrics.chunks.MustCurryWith(labels),
 		})
 	}
 	return r, nil
