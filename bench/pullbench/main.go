@@ -271,15 +271,11 @@ func (b *bench) directThroughCarrier(ctx context.Context) result {
 // viaProxy is containerd pulling through a fresh pullproxy across the
 // carrier; warm measures a second containerd pulling what the first did.
 func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, warm bool) (result, error) {
-	path, err := b.carrier(mode, b.cfg.CutProb)
+	path, p, err := b.proxyAcross(ctx, mode)
 	if err != nil {
 		return result{}, err
 	}
 	defer path.Close()
-	p, err := startProxy(ctx, b, path.URL())
-	if err != nil {
-		return result{}, err
-	}
 	defer p.stop()
 	mirror := func(d *containerdtest.Daemon) (string, error) { return d.WriteHostsDir(registryHost, p.url) }
 	took, err := b.pull(ctx, mirror)

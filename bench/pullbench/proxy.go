@@ -132,17 +132,27 @@ func getBlob(ctx context.Context, url string, d registrytest.Descriptor) error {
 	return nil
 }
 
+// proxyAcross starts the carrier in mode and a fresh pullproxy behind it.
+func (b *bench) proxyAcross(ctx context.Context, mode carrier.Mode) (*carrier.Relay, *proxyProcess, error) {
+	path, err := b.carrier(mode, b.cfg.CutProb)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := startProxy(ctx, b, path.URL())
+	if err != nil {
+		path.Close()
+		return nil, nil, err
+	}
+	return path, p, nil
+}
+
 // coalesce: many clients ask for one cold layer at once, across the carrier.
 func (b *bench) coalesce(ctx context.Context) (result, error) {
-	path, err := b.carrier(carrier.Reset, b.cfg.CutProb)
+	path, p, err := b.proxyAcross(ctx, carrier.Reset)
 	if err != nil {
 		return result{}, err
 	}
 	defer path.Close()
-	p, err := startProxy(ctx, b, path.URL())
-	if err != nil {
-		return result{}, err
-	}
 	defer p.stop()
 	layer := b.pushed.Layers[0]
 	start := time.Now()
@@ -160,15 +170,11 @@ func (b *bench) coalesce(ctx context.Context) (result, error) {
 // killed: pullproxy is killed with SIGKILL when a client has read half of a
 // cold layer, restarted on the same data dir, and asked again.
 func (b *bench) killed(ctx context.Context) (result, error) {
-	path, err := b.carrier(carrier.Reset, b.cfg.CutProb)
+	path, p, err := b.proxyAcross(ctx, carrier.Reset)
 	if err != nil {
 		return result{}, err
 	}
 	defer path.Close()
-	p, err := startProxy(ctx, b, path.URL())
-	if err != nil {
-		return result{}, err
-	}
 	layer := b.pushed.Layers[0]
 	start := time.Now()
 	resp, err := http.Get(p.blobURL(layer))
@@ -198,15 +204,11 @@ func (b *bench) killed(ctx context.Context) (result, error) {
 // at a time per client, as containerd does) while pullproxy's peak resident
 // memory is watched.
 func (b *bench) memory(ctx context.Context) (result, error) {
-	path, err := b.carrier(carrier.Reset, b.cfg.CutProb)
+	path, p, err := b.proxyAcross(ctx, carrier.Reset)
 	if err != nil {
 		return result{}, err
 	}
 	defer path.Close()
-	p, err := startProxy(ctx, b, path.URL())
-	if err != nil {
-		return result{}, err
-	}
 	defer p.stop()
 	blobs := append([]registrytest.Descriptor{b.pushed.Config}, b.pushed.Layers...)
 	start := time.Now()
