@@ -110,7 +110,10 @@ func (c *tokenCache) forget(key string) {
 // get returns a token for the challenge and scope, fetching it if needed.
 // Concurrent callers share one fetch, which runs detached from any one of
 // them, so a caller that gives up neither waits for it nor cancels it.
-func (c *tokenCache) get(ctx context.Context, ch challenge, scope string) (string, string, error) {
+// creds, when it returns ok, gives the basic credentials to send to the
+// token endpoint (authenticated pulls); else the token is anonymous.
+func (c *tokenCache) get(ctx context.Context, ch challenge, scope string,
+	creds func(context.Context) (user, pass string, ok bool, err error)) (string, string, error) {
 	realm, service := ch.params["realm"], ch.params["service"]
 	if realm == "" {
 		return "", "", errors.New("bearer challenge names no realm")
@@ -131,7 +134,7 @@ func (c *tokenCache) get(ctx context.Context, ch challenge, scope string) (strin
 		go func() {
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
-			f.tok, f.err = c.fetch(fctx, realm, service, scope)
+			f.tok, f.err = c.fetch(fctx, realm, service, scope, creds)
 			c.mu.Lock()
 			delete(c.inflight, key)
 			if f.err == nil {
@@ -149,7 +152,8 @@ func (c *tokenCache) get(ctx context.Context, ch challenge, scope string) (strin
 	return f.tok.value, key, f.err
 }
 
-func (c *tokenCache) fetch(ctx context.Context, realm, service, scope string) (token, error) {
+func (c *tokenCache) fetch(ctx context.Context, realm, service, scope string,
+	creds func(context.Context) (string, string, bool, error)) (token, error) {
 	u, err := url.Parse(realm)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") {
 		return token{}, fmt.Errorf("token realm %q is not an http(s) URL", realm)
@@ -165,6 +169,15 @@ func (c *tokenCache) fetch(ctx context.Context, realm, service, scope string) (t
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return token{}, err
+	}
+	if creds != nil {
+		user, pass, ok, err := creds(ctx)
+		if err != nil {
+			return token{}, fmt.Errorf("credentials for the token from %s: %w", u.Host, err)
+		}
+		if ok {
+			req.SetBasicAuth(user, pass)
+		}
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {

@@ -624,7 +624,7 @@ func TestTokenAnswerFields(t *testing.T) {
 			t.Cleanup(srv.Close)
 			c := newTokenCache(srv.Client())
 			ch := challenge{scheme: "bearer", params: map[string]string{"realm": srv.URL + "/token?client_id=pullproxy", "service": "svc"}}
-			got, key, err := c.get(t.Context(), ch, "repository:a/b:pull")
+			got, key, err := c.get(t.Context(), ch, "repository:a/b:pull", nil)
 			if err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}

@@ -13,8 +13,18 @@ import (
 type endpoint struct {
 	url    *url.URL
 	host   string // label for logs and metrics
+	region string // for regional registries (ECR), else ""
 	budget *budget
 	chunks *prometheus.CounterVec // chunks by result, curried with upstream and endpoint
+}
+
+// name is how errors name the endpoint: by region where it has one, as ECR's
+// own messages do ("no basic auth credentials for us-east-1").
+func (ep *endpoint) name() string {
+	if ep.region != "" {
+		return ep.region + " (" + ep.host + ")"
+	}
+	return ep.host
 }
 
 // budget is the byte budget of one connection to an endpoint: how much a TCP

@@ -118,7 +118,7 @@ func (f *blobFetch) run(ctx context.Context) error {
 // that runs past the end). Where HEAD gives no answer the first chunk does.
 func (f *blobFetch) learnSize(ctx context.Context) error {
 	q := request{method: http.MethodHead, repo: f.repo, path: "blobs/" + f.digest.String()}
-	resp, err := f.r.send(ctx, f.ep.url, q)
+	resp, err := f.r.send(ctx, f.ep, q)
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
 			return nil // the first chunk learns the size, with the usual retries
@@ -450,7 +450,7 @@ func (f *blobFetch) open(ctx context.Context, c chunk) (*http.Response, string, 
 
 	q := request{method: http.MethodGet, repo: f.repo, path: "blobs/" + f.digest.String(),
 		header: http.Header{"Range": {rng}}, client: f.r.chunks}
-	resp, err := f.r.send(ctx, f.ep.url, q)
+	resp, err := f.r.send(ctx, f.ep, q)
 	if err != nil {
 		return nil, q.op(), err
 	}

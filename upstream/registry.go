@@ -5,6 +5,7 @@ package upstream
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +37,7 @@ type Descriptor struct {
 // the endpoints that serve it, tried in order.
 type Registry struct {
 	name      string
+	creds     Credentials // nil: anonymous
 	endpoints []*endpoint
 	client    *http.Client // manifests, tokens, HEADs: pooled connections, redirects followed
 	chunks    *http.Client // blob chunks: see newChunkClient
@@ -60,6 +62,8 @@ type options struct {
 	log       *slog.Logger
 	metrics   *Metrics
 	fetch     FetchConfig
+	creds     Credentials
+	regions   map[string]string // endpoint URL → region
 }
 
 // WithTransport sets the HTTP transport. Default: a transport with sane
@@ -76,6 +80,24 @@ func WithLogger(l *slog.Logger) Option {
 // WithMetrics sets where metrics are counted. Default: metrics registered nowhere.
 func WithMetrics(m *Metrics) Option {
 	return func(o *options) error { o.metrics = m; return nil }
+}
+
+// WithCredentials sets the credentials the upstream's endpoints take.
+// Default: none (anonymous, with anonymous bearer tokens).
+func WithCredentials(c Credentials) Option {
+	return func(o *options) error { o.creds = c; return nil }
+}
+
+// WithEndpointRegion names the region of the endpoint with the given URL,
+// overriding the one read from its host (ECR). Repeatable.
+func WithEndpointRegion(endpointURL, region string) Option {
+	return func(o *options) error {
+		if o.regions == nil {
+			o.regions = map[string]string{}
+		}
+		o.regions[strings.TrimSuffix(endpointURL, "/")] = region
+		return nil
+	}
 }
 
 // WithFetchConfig tunes blob fetching; see FetchConfig for the defaults.
@@ -127,6 +149,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 	}
 	r := &Registry{
 		name:    name,
+		creds:   o.creds,
 		client:  &http.Client{Transport: o.transport},
 		fetch:   fetch,
 		conns:   make(chan struct{}, fetch.MaxConnections),
@@ -148,9 +171,14 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		}
 		u.Path = strings.TrimSuffix(u.Path, "/")
 		labels := prometheus.Labels{"upstream": name, "endpoint": u.Host}
+		region := o.regions[strings.TrimSuffix(e, "/")]
+		if region == "" {
+			region = ECRRegion(u.Host)
+		}
 		r.endpoints = append(r.endpoints, &endpoint{
 			url:    u,
 			host:   u.Host,
+			region: region,
 			budget: newBudget(fetch, o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
 			chunks: o.metrics.chunks.MustCurryWith(labels),
 		})
@@ -187,7 +215,7 @@ func (q request) op() string { return q.method + " /v2/" + q.repo + "/" + q.path
 func (r *Registry) do(ctx context.Context, q request, ok ...int) (*http.Response, error) {
 	var last error
 	for i, ep := range r.endpoints {
-		resp, err := r.send(ctx, ep.url, q)
+		resp, err := r.send(ctx, ep, q)
 		if err == nil {
 			if isOK(resp.StatusCode, ok) {
 				return resp, nil
@@ -218,47 +246,106 @@ func isOK(status int, ok []int) bool {
 	return false
 }
 
-// send performs q against one endpoint, answering a bearer challenge once.
-func (r *Registry) send(ctx context.Context, ep *url.URL, q request) (*http.Response, error) {
+// send performs q against one endpoint, with credentials: a cached bearer
+// token, or preemptive basic credentials (ECR); else it answers the
+// registry's challenge once, Bearer or Basic. Preemptive credentials the
+// registry refuses (an expired ECR token gets 403) are renewed once.
+func (r *Registry) send(ctx context.Context, ep *endpoint, q request) (*http.Response, error) {
 	scope := "repository:" + q.repo + ":pull"
+	who := Endpoint{Upstream: r.name, Host: ep.host, Region: ep.region}
 	var auth, cachedKey string
-	if v, ok := r.challenges.Load(ep.Host); ok {
+	if v, ok := r.challenges.Load(ep.host); ok {
 		ch := v.(challenge)
 		key := tokenKey(ch.params["realm"], ch.params["service"], scope)
 		if tok, ok := r.tokens.cached(key); ok {
 			auth, cachedKey = "Bearer "+tok, key
 		}
 	}
-	resp, err := r.sendOnce(ctx, ep, q, auth)
-	if err != nil || resp.StatusCode != http.StatusUnauthorized {
-		return resp, err
+	pre, preemptive := r.creds.(Preemptive)
+	if auth == "" && preemptive {
+		var err error
+		if auth, err = r.basicAuth(ctx, who); err != nil {
+			return nil, r.authError(ep, q, err)
+		}
+	}
+	resp, err := r.sendOnce(ctx, ep.url, q, auth)
+	if err != nil {
+		return nil, err
+	}
+	if preemptive && auth != "" && cachedKey == "" &&
+		(resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden) && pre.Refresh(ctx, who) {
+		resp.Body.Close()
+		r.log.Info("credentials refused, renewing them", "endpoint", ep.host, "status", resp.StatusCode)
+		if auth, err = r.basicAuth(ctx, who); err != nil {
+			return nil, r.authError(ep, q, err)
+		}
+		return r.sendOnce(ctx, ep.url, q, auth)
+	}
+	if resp.StatusCode != http.StatusUnauthorized {
+		return resp, nil
 	}
 	if cachedKey != "" {
 		r.tokens.forget(cachedKey) // rotated or revoked before its time
 	}
 	ch, ok := parseChallenge(resp.Header.Get("WWW-Authenticate"))
-	if !ok || ch.scheme != "bearer" {
-		// Basic auth, or no usable challenge: without credentials the 401 stands.
-		return resp, nil
+	switch {
+	case ok && ch.scheme == "basic" && !preemptive:
+		if auth, err = r.basicAuth(ctx, who); err != nil {
+			resp.Body.Close()
+			return nil, r.authError(ep, q, err)
+		}
+		if auth == "" {
+			e := r.statusError(ep.host, q.op(), resp)
+			resp.Body.Close()
+			e.Message = "no basic auth credentials for " + ep.name() + " (the registry says: " + e.Message + ")"
+			return nil, e
+		}
+		resp.Body.Close()
+		return r.sendOnce(ctx, ep.url, q, auth)
+	case !ok || ch.scheme != "bearer":
+		return resp, nil // no usable challenge: the 401 stands
 	}
 	resp.Body.Close()
-	r.challenges.Store(ep.Host, ch)
-	tok, key, err := r.tokens.get(ctx, ch, scope)
+	r.challenges.Store(ep.host, ch)
+	tok, key, err := r.tokens.get(ctx, ch, scope, func(ctx context.Context) (string, string, bool, error) {
+		if r.creds == nil {
+			return "", "", false, nil
+		}
+		return r.creds.Basic(ctx, who)
+	})
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		kind := ErrUnauthorized
-		if errors.Is(err, ErrUnavailable) {
-			kind = ErrUnavailable
-		}
-		return nil, &Error{Upstream: r.name, Endpoint: ep.Host, Op: q.op(), Status: http.StatusUnauthorized, Kind: kind, Err: err}
+		return nil, r.authError(ep, q, err)
 	}
-	resp, err = r.sendOnce(ctx, ep, q, "Bearer "+tok)
+	resp, err = r.sendOnce(ctx, ep.url, q, "Bearer "+tok)
 	if err == nil && resp.StatusCode == http.StatusUnauthorized {
 		r.tokens.forget(key)
 	}
 	return resp, err
+}
+
+// basicAuth returns the Authorization header for who's basic credentials,
+// or "" when there are none.
+func (r *Registry) basicAuth(ctx context.Context, who Endpoint) (string, error) {
+	if r.creds == nil {
+		return "", nil
+	}
+	user, pass, ok, err := r.creds.Basic(ctx, who)
+	if err != nil || !ok {
+		return "", err
+	}
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass)), nil
+}
+
+// authError wraps a failure to obtain credentials or a token.
+func (r *Registry) authError(ep *endpoint, q request, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	kind := ErrUnauthorized
+	if errors.Is(err, ErrUnavailable) {
+		kind = ErrUnavailable
+	}
+	return &Error{Upstream: r.name, Endpoint: ep.host, Op: q.op(), Status: http.StatusUnauthorized, Kind: kind, Err: err}
 }
 
 func (r *Registry) sendOnce(ctx context.Context, ep *url.URL, q request, auth string) (*http.Response, error) {

@@ -679,8 +679,8 @@ func TestBasicChallenge(t *testing.T) {
 	if e.Status != http.StatusUnauthorized {
 		t.Errorf("Status: got %v, want %v", e.Status, http.StatusUnauthorized)
 	}
-	if e.Code != "DENIED" || e.Message != "Not Authorized" {
-		t.Errorf("Code, Message: got %v, %v, want %v, %v", e.Code, e.Message, "DENIED", "Not Authorized")
+	if want := "no basic auth credentials for " + host(srv) + " (the registry says: Not Authorized)"; e.Code != "DENIED" || e.Message != want {
+		t.Errorf("Code, Message: got %v, %v, want %v, %v", e.Code, e.Message, "DENIED", want)
 	}
 	_, err = r.HeadManifest(t.Context(), "app", "latest", nil)
 	checkKind(t, err, ErrUnauthorized)

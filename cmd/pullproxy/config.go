@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -87,10 +90,68 @@ func parseByteSize(s string) (int64, error) {
 type upstreamConfig struct {
 	Name      string           `yaml:"name"`
 	Endpoints []endpointConfig `yaml:"endpoints"`
+	Auth      authConfig       `yaml:"auth"`
 }
 
 type endpointConfig struct {
-	URL string `yaml:"url"`
+	URL    string `yaml:"url"`
+	Region string `yaml:"region"` // overrides the region read from the host (ECR)
+}
+
+// authConfig is how an upstream authenticates. See the README for examples.
+type authConfig struct {
+	Type         string `yaml:"type"`          // anonymous (default) | basic | dockerconfig | ecr
+	Username     string `yaml:"username"`      // basic
+	Password     string `yaml:"password"`      // basic
+	PasswordFile string `yaml:"password_file"` // basic: read the password from this file
+	Config       string `yaml:"config"`        // dockerconfig: config.json or .dockerconfigjson; default $DOCKER_CONFIG/config.json or ~/.docker/config.json
+	APIEndpoint  string `yaml:"api_endpoint"`  // ecr: the ECR API endpoint (VPC endpoint); default the region's
+}
+
+// credentials builds the upstream's credentials; nil means anonymous.
+func (a authConfig) credentials(upstreamName string, log *slog.Logger) (upstream.Credentials, error) {
+	switch a.Type {
+	case "", "anonymous":
+		return nil, nil
+	case "basic":
+		pass := a.Password
+		if a.PasswordFile != "" {
+			b, err := os.ReadFile(a.PasswordFile)
+			if err != nil {
+				return nil, fmt.Errorf("upstream %s: reading password_file: %w", upstreamName, err)
+			}
+			pass = strings.TrimRight(string(b), "\r\n")
+		}
+		if a.Username == "" || pass == "" {
+			return nil, fmt.Errorf("upstream %s: basic auth needs username and password (or password_file)", upstreamName)
+		}
+		return upstream.StaticCredentials{Username: a.Username, Password: pass}, nil
+	case "dockerconfig":
+		path := a.Config
+		if path == "" {
+			dir := os.Getenv("DOCKER_CONFIG")
+			if dir == "" {
+				home, err := os.UserHomeDir()
+				if err != nil {
+					return nil, fmt.Errorf("upstream %s: no docker config given and no home directory: %w", upstreamName, err)
+				}
+				dir = filepath.Join(home, ".docker")
+			}
+			path = filepath.Join(dir, "config.json")
+		}
+		c, err := upstream.LoadDockerConfig(path)
+		if err != nil {
+			return nil, fmt.Errorf("upstream %s: %w", upstreamName, err)
+		}
+		return c, nil
+	case "ecr":
+		opts := []upstream.ECROption{upstream.WithECRLogger(log)}
+		if a.APIEndpoint != "" {
+			opts = append(opts, upstream.WithECRAPIEndpoint(a.APIEndpoint))
+		}
+		return upstream.NewECRCredentials(opts...), nil
+	}
+	return nil, fmt.Errorf("upstream %s: auth type %q: want anonymous, basic, dockerconfig or ecr", upstreamName, a.Type)
 }
 
 // defaultConfig is what pullproxy runs with when nothing is configured.
@@ -176,6 +237,13 @@ func (c *fileConfig) validate() error {
 		case len(u.Endpoints) == 0:
 			errs = append(errs, fmt.Errorf("upstream %s: no endpoints", u.Name))
 		}
+		if u.Auth.Type == "ecr" {
+			for _, e := range u.Endpoints {
+				if e.Region == "" && upstream.ECRRegion(hostOf(e.URL)) == "" {
+					errs = append(errs, fmt.Errorf("upstream %s: endpoint %s is not an ECR host: give its region", u.Name, e.URL))
+				}
+			}
+		}
 		seen[name] = true
 	}
 	if c.DefaultUpstream != "" && !seen[upstream.CanonicalName(c.DefaultUpstream)] {
@@ -188,4 +256,11 @@ func (c *fileConfig) validate() error {
 		errs = append(errs, fmt.Errorf("fetch_timeout %v is not positive", *c.FetchTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+func hostOf(rawURL string) string {
+	if u, err := url.Parse(rawURL); err == nil {
+		return u.Host
+	}
+	return ""
 }

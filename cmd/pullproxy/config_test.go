@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -139,5 +140,52 @@ func TestVersion(t *testing.T) {
 	var out strings.Builder
 	if err := run(t.Context(), []string{"version"}, &out, io.Discard); err != nil || !strings.HasPrefix(out.String(), "pullproxy ") {
 		t.Errorf("got %q, %v; want a version line", out.String(), err)
+	}
+}
+
+func TestAuthConfig(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pwFile := filepath.Join(dir, "pw")
+	os.WriteFile(pwFile, []byte("s3cret\n"), 0o600)
+	dockerCfg := filepath.Join(dir, "config.json")
+	os.WriteFile(dockerCfg, []byte(`{"auths":{"https://index.docker.io/v1/":{"auth":"dXNlcjpwYXNz"}}}`), 0o600)
+	for _, tc := range []struct {
+		name string
+		auth authConfig
+		want string // error substring; "" for success
+	}{
+		{"anonymous", authConfig{}, ""},
+		{"basic", authConfig{Type: "basic", Username: "u", Password: "p"}, ""},
+		{"basic from a file", authConfig{Type: "basic", Username: "u", PasswordFile: pwFile}, ""},
+		{"basic without password", authConfig{Type: "basic", Username: "u"}, "needs username and password"},
+		{"basic, file missing", authConfig{Type: "basic", Username: "u", PasswordFile: filepath.Join(dir, "nope")}, "reading password_file"},
+		{"dockerconfig", authConfig{Type: "dockerconfig", Config: dockerCfg}, ""},
+		{"dockerconfig missing", authConfig{Type: "dockerconfig", Config: filepath.Join(dir, "nope")}, "reading docker config"},
+		{"ecr", authConfig{Type: "ecr", APIEndpoint: "http://127.0.0.1:1"}, ""},
+		{"unknown type", authConfig{Type: "kerberos"}, `auth type "kerberos"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := tc.auth.credentials("reg.test", slog.New(slog.DiscardHandler))
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("got %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestECRConfigNeedsRegion(t *testing.T) {
+	t.Parallel()
+	file := writeFile(t, `
+upstreams:
+  - name: 123456789012.dkr.ecr.us-east-2.amazonaws.com
+    auth: {type: ecr}
+    endpoints:
+      - url: https://123456789012.dkr.ecr.us-east-2.amazonaws.com
+      - url: https://ecr-replica.internal
+`)
+	_, err := serveConfig([]string{"--config", file}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "https://ecr-replica.internal is not an ECR host: give its region") {
+		t.Errorf("got %v, want an error asking for the replica's region", err)
 	}
 }

@@ -164,12 +164,21 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	transport := upstream.NewTransport()
 	var names []string
 	for _, u := range cfg.Upstreams {
+		creds, err := u.Auth.credentials(u.Name, log)
+		if err != nil {
+			return err
+		}
+		upOpts := []upstream.Option{upstream.WithLogger(log), upstream.WithMetrics(upMetrics),
+			upstream.WithTransport(transport), upstream.WithFetchConfig(cfg.Fetch.options()),
+			upstream.WithCredentials(creds)}
 		var urls []string
 		for _, e := range u.Endpoints {
 			urls = append(urls, e.URL)
+			if e.Region != "" {
+				upOpts = append(upOpts, upstream.WithEndpointRegion(e.URL, e.Region))
+			}
 		}
-		r, err := upstream.New(u.Name, urls, upstream.WithLogger(log), upstream.WithMetrics(upMetrics),
-			upstream.WithTransport(transport), upstream.WithFetchConfig(cfg.Fetch.options()))
+		r, err := upstream.New(u.Name, urls, upOpts...)
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,354 @@
+package upstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/opencontainers/go-digest"
+)
+
+func TestECRRegion(t *testing.T) {
+	t.Parallel()
+	for host, want := range map[string]string{
+		"123456789012.dkr.ecr.us-east-2.amazonaws.com":           "us-east-2",
+		"123456789012.dkr.ecr.us-east-2.amazonaws.com:443":       "us-east-2",
+		"123456789012.dkr.ecr-fips.us-gov-west-1.amazonaws.com":  "us-gov-west-1",
+		"123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn":       "cn-north-1",
+		"123456789012.dkr-ecr.eu-west-1.on.aws":                  "eu-west-1",
+		"123456789012.dkr.ecr.us-iso-east-1.c2s.ic.gov":          "us-iso-east-1",
+		"public.ecr.aws":                                         "",
+		"12345.dkr.ecr.us-east-1.amazonaws.com":                  "",
+		"123456789012.dkr.ecr.us-east-1.amazonaws.com.evil.test": "",
+		"registry-1.docker.io":                                   "",
+	} {
+		if got := ECRRegion(host); got != want {
+			t.Errorf("ECRRegion(%q): got %q, want %q", host, got, want)
+		}
+	}
+}
+
+// ecrAPI stands in for the ECR API's GetAuthorizationToken: it issues a new
+// token per call, for the region the request was signed for.
+type ecrAPI struct {
+	lifetime time.Duration
+	now      func() time.Time
+
+	mu      sync.Mutex
+	issued  map[string][]string  // region → tokens, oldest first
+	expires map[string]time.Time // token → its expiry
+	changed chan struct{}        // closed and replaced on every token issued
+}
+
+var scopeRegion = regexp.MustCompile(`Credential=[^/]+/\d{8}/([a-z0-9-]+)/ecr/aws4_request`)
+
+func newECRAPI(t *testing.T, lifetime time.Duration) (*ecrAPI, *httptest.Server) {
+	a := &ecrAPI{lifetime: lifetime, now: time.Now, issued: map[string][]string{}, expires: map[string]time.Time{},
+		changed: make(chan struct{})}
+	srv := httptest.NewServer(a)
+	t.Cleanup(srv.Close)
+	return a, srv
+}
+
+func (a *ecrAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	m := scopeRegion.FindStringSubmatch(r.Header.Get("Authorization"))
+	if m == nil || !strings.HasSuffix(r.Header.Get("X-Amz-Target"), ".GetAuthorizationToken") {
+		http.Error(w, `{"__type":"InvalidSignatureException"}`, http.StatusBadRequest)
+		return
+	}
+	region := m[1]
+	a.mu.Lock()
+	tok := fmt.Sprintf("secret-ecr-%s-%d", region, len(a.issued[region])+1)
+	a.issued[region] = append(a.issued[region], tok)
+	a.expires[tok] = a.now().Add(a.lifetime)
+	close(a.changed)
+	a.changed = make(chan struct{})
+	a.mu.Unlock()
+	w.Header().Set("Content-Type", "application/x-amz-json-1.1")
+	json.NewEncoder(w).Encode(map[string]any{"authorizationData": []map[string]any{{
+		"authorizationToken": base64.StdEncoding.EncodeToString([]byte("AWS:" + tok)),
+		"expiresAt":          float64(a.now().Add(a.lifetime).Unix()),
+		"proxyEndpoint":      "https://123456789012.dkr.ecr." + region + ".amazonaws.com",
+	}}})
+}
+
+// valid reports whether tok was issued for region and has not expired.
+func (a *ecrAPI) valid(region, tok string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	exp, ok := a.expires[tok]
+	return ok && strings.HasPrefix(tok, "secret-ecr-"+region+"-") && a.now().Before(exp)
+}
+
+func (a *ecrAPI) tokens(region string) []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]string(nil), a.issued[region]...)
+}
+
+// waitTokens waits until n tokens were issued for region.
+func (a *ecrAPI) waitTokens(ctx context.Context, region string, n int) error {
+	for {
+		a.mu.Lock()
+		have, changed := len(a.issued[region]), a.changed
+		a.mu.Unlock()
+		if have >= n {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("%d tokens for %s, want %d: %w", have, region, n, ctx.Err())
+		}
+	}
+}
+
+// ecrRegistry is a regional ECR registry: it takes the tokens issued for its
+// region until they expire, answering any other as ECR answers an expired
+// token (403), and a request without one with a Basic challenge (401).
+type ecrRegistry struct {
+	region string
+	api    *ecrAPI
+	next   http.Handler
+
+	mu       sync.Mutex
+	expired  map[string]bool
+	refusals int
+}
+
+func (g *ecrRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	user, pass, ok := r.BasicAuth()
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Basic realm="https://ecr.test/",service="ecr.amazonaws.com"`)
+		http.Error(w, `{"errors":[{"code":"DENIED","message":"Not Authorized"}]}`, http.StatusUnauthorized)
+		return
+	}
+	g.mu.Lock()
+	valid := user == "AWS" && g.api.valid(g.region, pass) && !g.expired[pass]
+	if !valid {
+		g.refusals++
+	}
+	g.mu.Unlock()
+	if !valid {
+		w.WriteHeader(http.StatusForbidden)
+		io.WriteString(w, `{"errors":[{"code":"DENIED","message":"Your Authorization Token has expired. Please run 'aws ecr get-login-password' to fetch a new one."}]}`)
+		return
+	}
+	g.next.ServeHTTP(w, r)
+}
+
+// expire makes the registry refuse every token issued so far.
+func (g *ecrRegistry) expire() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, tok := range g.api.tokens(g.region) {
+		g.expired[tok] = true
+	}
+}
+
+// ecrEnv is two regional ECR registries replicating one image, an ECR API
+// stand-in, and an upstream with both as endpoints.
+type ecrEnv struct {
+	api     *ecrAPI
+	regs    map[string]*ecrRegistry
+	srvs    map[string]*httptest.Server
+	creds   *ECRCredentials
+	logs    *bytes.Buffer
+	digests []digest.Digest // the image's layers
+	image   string          // the image's tag
+}
+
+func newECREnv(t *testing.T, lifetime time.Duration) *ecrEnv {
+	t.Helper()
+	api, apiSrv := newECRAPI(t, lifetime)
+	e := &ecrEnv{api: api, regs: map[string]*ecrRegistry{}, srvs: map[string]*httptest.Server{}, logs: &bytes.Buffer{}}
+	img, err := random.Image(200_000, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, region := range []string{"us-east-2", "us-east-1"} {
+		backend := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+		plain := httptest.NewServer(backend) // to push through, without ECR's auth
+		t.Cleanup(plain.Close)
+		ref, _ := name.ParseReference(host(plain)+"/team/app:v1", name.Insecure)
+		if err := remote.Write(ref, img); err != nil {
+			t.Fatal(err)
+		}
+		g := &ecrRegistry{region: region, api: api, next: backend, expired: map[string]bool{}}
+		e.regs[region], e.srvs[region] = g, httptest.NewServer(g)
+		t.Cleanup(e.srvs[region].Close)
+	}
+	layers, _ := img.Layers()
+	for _, l := range layers {
+		d, _ := l.Digest()
+		e.digests = append(e.digests, digest.Digest(d.String()))
+	}
+	logger := slog.New(slog.NewTextHandler(&syncWriter{w: e.logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	e.creds = NewECRCredentials(WithECRAPIEndpoint(apiSrv.URL), WithECRLogger(logger),
+		WithAWSConfig(func(_ context.Context, region string) (aws.Config, error) {
+			return aws.Config{Region: region, Credentials: credentials.NewStaticCredentialsProvider("AKIDTEST", "secret-aws-key", "")}, nil
+		}))
+	return e
+}
+
+// upstream returns an upstream over the given regions' endpoints, in order.
+func (e *ecrEnv) upstream(t *testing.T, regions ...string) *Registry {
+	t.Helper()
+	var urls []string
+	opts := []Option{WithCredentials(e.creds), WithLogger(slog.New(slog.NewTextHandler(&syncWriter{w: e.logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))),
+		WithFetchConfig(FetchConfig{MaxAttempts: 2})}
+	for _, region := range regions {
+		urls = append(urls, e.srvs[region].URL)
+		opts = append(opts, WithEndpointRegion(e.srvs[region].URL, region))
+	}
+	r, err := New("123456789012.dkr.ecr.us-east-2.amazonaws.com", urls, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// pull fetches the image's manifest and every layer through r.
+func (e *ecrEnv) pull(t *testing.T, r *Registry) error {
+	t.Helper()
+	if _, _, err := r.GetManifest(t.Context(), "team/app", "v1", nil); err != nil {
+		return err
+	}
+	for _, d := range e.digests {
+		if err := r.FetchBlob(t.Context(), "team/app", d, newMemBlobWriter(-1)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// noSecrets fails if any token or key issued appears in the logs or in err.
+func (e *ecrEnv) noSecrets(t *testing.T, errs ...error) {
+	t.Helper()
+	text := e.logs.String()
+	for _, err := range errs {
+		if err != nil {
+			text += err.Error()
+		}
+	}
+	for _, secret := range []string{"secret-ecr-", "secret-aws-key", base64.StdEncoding.EncodeToString([]byte("AWS:secret"))[:8]} {
+		if strings.Contains(text, secret) {
+			t.Errorf("a credential (%q…) appears in the logs or errors", secret)
+		}
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// TestECRTokenExpiry: pulls keep working when the registry starts refusing
+// the token (expired early, or the clock is off): the token is renewed once,
+// the request retried.
+func TestECRTokenExpiry(t *testing.T) {
+	t.Parallel()
+	e := newECREnv(t, time.Hour)
+	r := e.upstream(t, "us-east-2")
+	if err := e.pull(t, r); err != nil {
+		t.Fatalf("first pull: %v", err)
+	}
+	e.regs["us-east-2"].expire()
+	if err := e.pull(t, r); err != nil {
+		t.Fatalf("pull after the token expired: %v", err)
+	}
+	if got := len(e.api.tokens("us-east-2")); got != 2 {
+		t.Errorf("tokens issued: got %d, want 2 (one renewal)", got)
+	}
+	e.noSecrets(t)
+}
+
+// TestECRTokenRenewedAhead: a token is replaced before it expires, in the
+// background, so no request ever meets an expired one.
+func TestECRTokenRenewedAhead(t *testing.T) {
+	t.Parallel()
+	e := newECREnv(t, 2*time.Minute)
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	e.creds.now, e.api.now = clock, clock
+	r := e.upstream(t, "us-east-2")
+	if err := e.pull(t, r); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	now = now.Add(90 * time.Second) // past half of the 2-minute life, before its end
+	mu.Unlock()
+	if err := e.pull(t, r); err != nil { // still served with the old token, meanwhile renewed
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := e.api.waitTokens(ctx, "us-east-2", 2); err != nil {
+		t.Fatal(err)
+	}
+	e.regs["us-east-2"].mu.Lock()
+	refusals := e.regs["us-east-2"].refusals
+	e.regs["us-east-2"].mu.Unlock()
+	if refusals != 0 {
+		t.Errorf("requests refused: got %d, want 0 (renewed ahead of expiry)", refusals)
+	}
+}
+
+// TestECRFailoverToReplicaRegion: with the first region's endpoint dead, the
+// pull goes through the replica in the second region, with that region's
+// token.
+func TestECRFailoverToReplicaRegion(t *testing.T) {
+	t.Parallel()
+	e := newECREnv(t, time.Hour)
+	e.srvs["us-east-2"].Close()
+	r := e.upstream(t, "us-east-2", "us-east-1")
+	if err := e.pull(t, r); err != nil {
+		t.Fatalf("pull with us-east-2 down: %v", err)
+	}
+	if got := len(e.api.tokens("us-east-1")); got != 1 {
+		t.Errorf("us-east-1 tokens: got %d, want 1", got)
+	}
+	e.noSecrets(t)
+}
+
+// TestECRNoCredentials: an ECR registry reached without credentials says
+// what is missing, naming the region, as ECR's own message does.
+func TestECRNoCredentials(t *testing.T) {
+	t.Parallel()
+	e := newECREnv(t, time.Hour)
+	r, err := New("ecr", []string{e.srvs["us-east-1"].URL}, WithEndpointRegion(e.srvs["us-east-1"].URL, "us-east-1"),
+		WithLogger(discardLogger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = r.GetManifest(t.Context(), "team/app", "v1", nil)
+	checkKind(t, err, ErrUnauthorized)
+	if !strings.Contains(fmt.Sprint(err), "no basic auth credentials for us-east-1") {
+		t.Errorf("got %v, want it to say: no basic auth credentials for us-east-1", err)
+	}
+}
