@@ -29,12 +29,12 @@ import (
 func TestECRRegion(t *testing.T) {
 	t.Parallel()
 	for host, want := range map[string]string{
-		"123456789012.dkr.ecr.us-east-2.amazonaws.com":           "us-east-2",
-		"123456789012.dkr.ecr.us-east-2.amazonaws.com:443":       "us-east-2",
-		"123456789012.dkr.ecr-fips.us-gov-west-1.amazonaws.com":  "us-gov-west-1",
-		"123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn":       "cn-north-1",
-		"123456789012.dkr-ecr.eu-west-1.on.aws":                  "eu-west-1",
-		"123456789012.dkr.ecr.us-iso-east-1.c2s.ic.gov":          "us-iso-east-1",
+		"123456789012.dkr.ecr.us-east-2.amazonaws.com":          "us-east-2",
+		"123456789012.dkr.ecr.us-east-2.amazonaws.com:443":      "us-east-2",
+		"123456789012.dkr.ecr-fips.us-gov-west-1.amazonaws.com": "us-gov-west-1",
+		"123456789012.dkr.ecr.cn-north-1.amazonaws.com.cn":      "cn-north-1",
+		"123456789012.dkr-ecr.eu-west-1.on.aws":                 "eu-west-1",
+		"123456789012.dkr.ecr.us-iso-east-1.c2s.ic.gov":         "us-iso-east-1",
 		"public.ecr.aws":                                         "",
 		"12345.dkr.ecr.us-east-1.amazonaws.com":                  "",
 		"123456789012.dkr.ecr.us-east-1.amazonaws.com.evil.test": "",
