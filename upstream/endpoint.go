@@ -16,6 +16,21 @@ type endpoint struct {
 	region string // for regional registries (ECR), else ""
 	budget *budget
 	chunks *prometheus.CounterVec // chunks by result, curried with upstream and endpoint
+	up     prometheus.Gauge
+	health health
+}
+
+// markFailed leaves the endpoint aside for a while after it failed for good.
+func (ep *endpoint) markFailed(r *Registry, err error) {
+	d := ep.health.failed(time.Now())
+	ep.up.Set(0)
+	r.log.Warn("endpoint left aside: others are tried first until it is probed again",
+		"endpoint", ep.name(), "for", d, "err", err)
+}
+
+func (ep *endpoint) markUp() {
+	ep.health.succeeded()
+	ep.up.Set(1)
 }
 
 // name is how errors name the endpoint: by region where it has one, as ECR's

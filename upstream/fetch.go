@@ -62,12 +62,18 @@ func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, 
 	if o.skip >= len(r.endpoints) {
 		return fmt.Errorf("fetching %s: no endpoint left after skipping %d", d, o.skip)
 	}
-	eps := r.endpoints[o.skip:]
+	eps := r.ordered(r.endpoints[o.skip:])
 	var err error
 	for i, ep := range eps {
 		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w}
 		if err = f.run(ctx); err == nil || ctx.Err() != nil {
+			if err == nil {
+				ep.markUp()
+			}
 			return err
+		}
+		if errors.Is(err, ErrUnavailable) && len(r.endpoints) > 1 {
+			ep.markFailed(r, err)
 		}
 		if i+1 < len(eps) {
 			r.log.Warn("blob fetch failed on an endpoint, trying the next", "digest", d,

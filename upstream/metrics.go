@@ -14,6 +14,10 @@ type Metrics struct {
 	budget    *prometheus.GaugeVec
 	cuts      *prometheus.CounterVec
 	chunks    *prometheus.CounterVec
+
+	rateRemaining *prometheus.GaugeVec
+	rateLimit     *prometheus.GaugeVec
+	endpointUp    *prometheus.GaugeVec
 }
 
 // NewMetrics creates the upstream metrics and registers them with reg.
@@ -40,7 +44,20 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "pullproxy_upstream_chunks_total",
 		Help: "Blob chunks requested from endpoints, by result: complete, cut, failed (no byte received).",
 	}, []string{"upstream", "endpoint", "result"})
-	for _, c := range []prometheus.Collector{m.requests, m.blobBytes, m.budget, m.cuts, m.chunks} {
+	m.rateRemaining = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pullproxy_upstream_ratelimit_remaining",
+		Help: "Pulls left in the upstream's rate-limit window, from its ratelimit-remaining header (Docker Hub).",
+	}, []string{"upstream"})
+	m.rateLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pullproxy_upstream_ratelimit_limit",
+		Help: "The upstream's rate limit per window, from its ratelimit-limit header (Docker Hub).",
+	}, []string{"upstream"})
+	m.endpointUp = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pullproxy_upstream_endpoint_up",
+		Help: "1 while an endpoint is in use, 0 while it is left aside after failing (it is probed again later).",
+	}, []string{"upstream", "endpoint"})
+	for _, c := range []prometheus.Collector{m.requests, m.blobBytes, m.budget, m.cuts, m.chunks,
+		m.rateRemaining, m.rateLimit, m.endpointUp} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

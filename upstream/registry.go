@@ -50,6 +50,7 @@ type Registry struct {
 	// challenges remembers each host's bearer challenge, so requests after
 	// the first carry a token up front instead of collecting a 401 each.
 	challenges sync.Map // host → challenge
+	limit      rateLimit
 
 	buffers sync.Pool // *[]byte of fetchBufferSize, one per running fetch
 }
@@ -181,7 +182,9 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			region: region,
 			budget: newBudget(fetch, o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
 			chunks: o.metrics.chunks.MustCurryWith(labels),
+			up:     o.metrics.endpointUp.With(labels),
 		})
+		r.endpoints[len(r.endpoints)-1].up.Set(1)
 	}
 	return r, nil
 }
@@ -214,21 +217,36 @@ func (q request) op() string { return q.method + " /v2/" + q.repo + "/" + q.path
 // back as an *Error; the caller closes the body of a successful one.
 func (r *Registry) do(ctx context.Context, q request, ok ...int) (*http.Response, error) {
 	var last error
-	for i, ep := range r.endpoints {
+	var failed []string // endpoints that could not answer
+	eps := r.ordered(r.endpoints)
+	for i, ep := range eps {
 		resp, err := r.send(ctx, ep, q)
 		if err == nil {
 			if isOK(resp.StatusCode, ok) {
+				ep.markUp()
 				return resp, nil
 			}
-			err = r.statusError(ep.host, q.op(), resp)
+			e := r.statusError(ep.host, q.op(), resp)
 			resp.Body.Close()
+			if e.Kind == ErrNotFound && len(failed) > 0 && strings.HasPrefix(q.path, "manifests/") {
+				// A replica answering for a dead primary may lack tags:
+				// replication rules do not backfill what predates them.
+				e.Message = fmt.Sprintf("%s: not on %s, asked because %s could not answer; "+
+					"replication does not backfill tags pushed before the rule existed", e.Message, ep.name(),
+					strings.Join(failed, ", "))
+			}
+			err = e
 		}
 		if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
 			return nil, err
 		}
 		last = err
-		if i+1 < len(r.endpoints) {
-			r.log.Warn("endpoint failed, trying the next", "endpoint", ep.host, "err", err)
+		failed = append(failed, ep.name())
+		if len(r.endpoints) > 1 {
+			ep.markFailed(r, err)
+		}
+		if i+1 < len(eps) {
+			r.log.Warn("endpoint failed, trying the next", "endpoint", ep.name(), "err", err)
 		}
 	}
 	return nil, last
@@ -349,6 +367,11 @@ func (r *Registry) authError(ep *endpoint, q request, err error) error {
 }
 
 func (r *Registry) sendOnce(ctx context.Context, ep *url.URL, q request, auth string) (*http.Response, error) {
+	if until, blocked := r.limit.blocked(time.Now()); blocked {
+		return nil, &Error{Upstream: r.name, Endpoint: ep.Host, Op: q.op(), Status: http.StatusTooManyRequests,
+			Kind: ErrTooManyRequests, RetryAfter: time.Until(until).Round(time.Second),
+			Message: "rate limited by the upstream: holding off until " + until.UTC().Format(time.TimeOnly) + " UTC"}
+	}
 	u := *ep
 	u.Path = ep.Path + "/v2/" + q.repo + "/" + q.path
 	req, err := http.NewRequestWithContext(ctx, q.method, u.String(), nil)
@@ -371,6 +394,7 @@ func (r *Registry) sendOnce(ctx context.Context, ep *url.URL, q request, auth st
 		return nil, r.transportError(ep.Host, q.op(), err)
 	}
 	r.metrics.request(r.name, q.method, resp.StatusCode)
+	r.recordRateLimit(resp)
 	return resp, nil
 }
 

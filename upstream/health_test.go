@@ -1,0 +1,124 @@
+package upstream
+
+import (
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// statusServer answers every request with status, counting them.
+type statusServer struct {
+	status int
+	header http.Header
+	n      atomic.Int64
+}
+
+func (s *statusServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.n.Add(1)
+	for k, v := range s.header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(s.status)
+}
+
+// TestRateLimitHonoured: a 429 with Retry-After holds requests off, without
+// asking the upstream again, for as long as it said; its rate-limit headers
+// become metrics.
+func TestRateLimitHonoured(t *testing.T) {
+	t.Parallel()
+	s := &statusServer{status: http.StatusTooManyRequests, header: http.Header{
+		"Retry-After": {"30"}, "Ratelimit-Remaining": {"0;w=21600"}, "Ratelimit-Limit": {"100;w=21600"}}}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New("docker.io", []string{srv.URL}, WithMetrics(m), WithLogger(discardLogger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		_, err := r.HeadManifest(t.Context(), "library/alpine", "latest", nil)
+		checkKind(t, err, ErrTooManyRequests)
+		if e := asError(t, err); e.RetryAfter < 25*time.Second || e.RetryAfter > 30*time.Second {
+			t.Errorf("call %d: RetryAfter %v, want about 30s", i, e.RetryAfter)
+		}
+	}
+	if got := s.n.Load(); got != 1 {
+		t.Errorf("requests upstream: got %d, want 1 (then held off)", got)
+	}
+	if got := testutil.ToFloat64(m.rateRemaining.WithLabelValues("docker.io")); got != 0 {
+		t.Errorf("ratelimit remaining: got %v, want 0", got)
+	}
+	if got := testutil.ToFloat64(m.rateLimit.WithLabelValues("docker.io")); got != 100 {
+		t.Errorf("ratelimit limit: got %v, want 100", got)
+	}
+}
+
+// pushedRegistry is an in-process registry holding one image as team/app:v1.
+func pushedRegistry(t *testing.T) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	img, err := random.Image(1000, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := name.ParseReference(host(srv)+"/team/app:v1", name.Insecure)
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	return srv
+}
+
+// TestDeadEndpointLeftAside: once an endpoint fails, the next requests go to
+// the healthy one first instead of waiting on the dead one each time.
+func TestDeadEndpointLeftAside(t *testing.T) {
+	t.Parallel()
+	dead := &statusServer{status: http.StatusServiceUnavailable}
+	deadSrv := httptest.NewServer(dead)
+	t.Cleanup(deadSrv.Close)
+	r := newTestRegistry(t, deadSrv.URL, pushedRegistry(t).URL)
+	for i := range 3 {
+		if _, err := r.HeadManifest(t.Context(), "team/app", "v1", nil); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if got := dead.n.Load(); got != 1 {
+		t.Errorf("requests to the dead endpoint: got %d, want 1 (then left aside)", got)
+	}
+}
+
+// TestTagMissingOnReplica: a tag the replica lacks, asked for because the
+// primary is down, is reported as such.
+func TestTagMissingOnReplica(t *testing.T) {
+	t.Parallel()
+	deadSrv := httptest.NewServer(&statusServer{status: http.StatusBadGateway})
+	t.Cleanup(deadSrv.Close)
+	replica := pushedRegistry(t)
+	r, err := New("ecr", []string{deadSrv.URL, replica.URL}, WithLogger(discardLogger),
+		WithEndpointRegion(deadSrv.URL, "us-east-2"), WithEndpointRegion(replica.URL, "us-east-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.HeadManifest(t.Context(), "team/app", "v0-before-replication", nil)
+	checkKind(t, err, ErrNotFound)
+	for _, want := range []string{"not on us-east-1", "us-east-2", "replication does not backfill tags pushed before the rule existed"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want it to say %q", err, want)
+		}
+	}
+}
