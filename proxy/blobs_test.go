@@ -58,26 +58,33 @@ func TestColdBlobFetchedOnce(t *testing.T) {
 }
 
 // TestTagServedStaleWhenUpstreamFails: with the tag due for revalidation and
-// the upstream down, the cached digest is served, logged and counted.
+// the upstream failing (down, or rate limiting us), the cached digest is
+// served, logged and counted: never an error when a cached answer exists.
 func TestTagServedStaleWhenUpstreamFails(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, WithTagTTL(0))
-	img := e.push("test/app", "v1", 1000, 1)
-	want, _ := img.Digest()
-	path := "/v2/test/app/manifests/v1?ns=" + upstreamName
-	if resp, body := e.get("GET", path, nil); resp.StatusCode != 200 {
-		t.Fatalf("warm-up: status %d: %s", resp.StatusCode, body)
-	}
-	e.counter.down.Store(true)
-	for _, method := range []string{"HEAD", "GET"} {
-		resp, body := e.get(method, path, nil)
-		if resp.StatusCode != 200 || resp.Header.Get("Docker-Content-Digest") != want.String() {
-			t.Errorf("%s with upstream down: status %d, digest %q, want 200 and %s: %s",
-				method, resp.StatusCode, resp.Header.Get("Docker-Content-Digest"), want, body)
-		}
-	}
-	if got := testutil.ToFloat64(e.srv.metrics.staleTags.WithLabelValues(upstreamName)); got != 2 {
-		t.Errorf("stale tags served: got %v, want 2", got)
+	for _, status := range []int{http.StatusServiceUnavailable, http.StatusTooManyRequests, http.StatusUnauthorized} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, WithTagTTL(0))
+			img := e.push("test/app", "v1", 1000, 1)
+			want, _ := img.Digest()
+			path := "/v2/test/app/manifests/v1?ns=" + upstreamName
+			if resp, body := e.get("GET", path, nil); resp.StatusCode != 200 {
+				t.Fatalf("warm-up: status %d: %s", resp.StatusCode, body)
+			}
+			e.counter.downStatus.Store(int64(status))
+			e.counter.down.Store(true)
+			for _, method := range []string{"HEAD", "GET"} {
+				resp, body := e.get(method, path, nil)
+				if resp.StatusCode != 200 || resp.Header.Get("Docker-Content-Digest") != want.String() {
+					t.Errorf("%s with upstream answering %d: status %d, digest %q, want 200 and %s: %s",
+						method, status, resp.StatusCode, resp.Header.Get("Docker-Content-Digest"), want, body)
+				}
+			}
+			if got := testutil.ToFloat64(e.srv.metrics.staleTags.WithLabelValues(upstreamName)); got != 2 {
+				t.Errorf("stale tags served: got %v, want 2", got)
+			}
+		})
 	}
 }
 

@@ -34,8 +34,9 @@ const upstreamName = "registry.test"
 // blobs, by "METHOD ref" (a tag or digest) and body bytes by "bytes ref", and
 // can make the upstream fail.
 type counter struct {
-	next http.Handler
-	down atomic.Bool // answer 503 to everything
+	next       http.Handler
+	down       atomic.Bool  // answer downStatus to everything
+	downStatus atomic.Int64 // default 503
 
 	mu     sync.Mutex
 	counts map[string]int
@@ -43,7 +44,11 @@ type counter struct {
 
 func (c *counter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c.down.Load() {
-		http.Error(w, "down for the test", http.StatusServiceUnavailable)
+		status := int(c.downStatus.Load())
+		if status == 0 {
+			status = http.StatusServiceUnavailable
+		}
+		http.Error(w, "down for the test", status)
 		return
 	}
 	kind := "other"

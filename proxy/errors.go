@@ -81,6 +81,8 @@ func writeError(w http.ResponseWriter, r *http.Request, e *ociError) {
 func hint(err error) string {
 	msg := err.Error()
 	switch {
+	case errors.Is(err, upstream.ErrUnauthorized) && strings.Contains(msg, "were refused"):
+		return "check the upstream's credentials: wrong, expired, or lacking pull permission"
 	case errors.Is(err, upstream.ErrUnauthorized):
 		return "configure credentials for this upstream, or check that the image is public"
 	case errors.Is(err, upstream.ErrDenied):

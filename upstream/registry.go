@@ -297,7 +297,7 @@ func (r *Registry) send(ctx context.Context, ep *endpoint, q request) (*http.Res
 		if auth, err = r.basicAuth(ctx, who); err != nil {
 			return nil, r.authError(ep, q, err)
 		}
-		return r.sendOnce(ctx, ep.url, q, auth)
+		return r.refusedCredentials(ep, q)(r.sendOnce(ctx, ep.url, q, auth))
 	}
 	if resp.StatusCode != http.StatusUnauthorized {
 		return resp, nil
@@ -319,7 +319,7 @@ func (r *Registry) send(ctx context.Context, ep *endpoint, q request) (*http.Res
 			return nil, e
 		}
 		resp.Body.Close()
-		return r.sendOnce(ctx, ep.url, q, auth)
+		return r.refusedCredentials(ep, q)(r.sendOnce(ctx, ep.url, q, auth))
 	case !ok || ch.scheme != "bearer":
 		return resp, nil // no usable challenge: the 401 stands
 	}
@@ -339,6 +339,21 @@ func (r *Registry) send(ctx context.Context, ep *endpoint, q request) (*http.Res
 		r.tokens.forget(key)
 	}
 	return resp, err
+}
+
+// refusedCredentials turns a 401 or 403 to a request that carried our
+// credentials into an error that says they were refused: the fix is then
+// the credentials, not configuring some.
+func (r *Registry) refusedCredentials(ep *endpoint, q request) func(*http.Response, error) (*http.Response, error) {
+	return func(resp *http.Response, err error) (*http.Response, error) {
+		if err != nil || (resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden) {
+			return resp, err
+		}
+		e := r.statusError(ep.host, q.op(), resp)
+		resp.Body.Close()
+		e.Message = "the credentials configured for " + ep.name() + " were refused (the registry says: " + e.Message + ")"
+		return nil, e
+	}
 }
 
 // basicAuth returns the Authorization header for who's basic credentials,

@@ -130,8 +130,8 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Upstreams) != 3 || cfg.DefaultUpstream != "docker.io" {
-		t.Errorf("got %d upstreams and default %q, want 3 and docker.io", len(cfg.Upstreams), cfg.DefaultUpstream)
+	if len(cfg.Upstreams) != 4 || cfg.DefaultUpstream != "docker.io" {
+		t.Errorf("got %d upstreams and default %q, want 4 and docker.io", len(cfg.Upstreams), cfg.DefaultUpstream)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -266,5 +267,62 @@ func TestSkopeoPathPrefixPull(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dest, "blobs", "sha256", l.Digest.Hex)); err != nil {
 			t.Errorf("layer %s missing from the copy: %v", l.Digest, err)
 		}
+	}
+}
+
+// basicAuthRegistry demands one username and password, challenging with Basic.
+type basicAuthRegistry struct {
+	user, pass string
+	next       http.Handler
+}
+
+func (b basicAuthRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if u, p, ok := r.BasicAuth(); !ok || u != b.user || p != b.pass {
+		w.Header().Set("WWW-Authenticate", `Basic realm="registry"`)
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
+		return
+	}
+	b.next.ServeHTTP(w, r)
+}
+
+// TestBasicAuthFromConfig: an upstream's basic credentials, configured in
+// the file with the password in a file of its own, are used; wrong ones give
+// the client an error that says what is missing.
+func TestBasicAuthFromConfig(t *testing.T) {
+	upstreamSrv := httptest.NewServer(basicAuthRegistry{user: "puller", pass: "s3cret",
+		next: registry.New(registry.Logger(log.New(io.Discard, "", 0)))})
+	defer upstreamSrv.Close()
+	img, err := random.Image(1000, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := name.ParseReference(strings.TrimPrefix(upstreamSrv.URL, "http://")+"/team/app:v1", name.Insecure)
+	if err := remote.Write(ref, img, remote.WithAuth(&authn.Basic{Username: "puller", Password: "s3cret"})); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		password string
+		status   int
+	}{{"s3cret", http.StatusOK}, {"wrong", http.StatusUnauthorized}} {
+		pw := filepath.Join(t.TempDir(), "password")
+		os.WriteFile(pw, []byte(tc.password+"\n"), 0o600)
+		cfg := writeConfig(t, "upstreams:\n  - name: reg.test\n    endpoints: [{url: "+upstreamSrv.URL+"}]\n"+
+			"    auth: {type: basic, username: puller, password_file: "+pw+"}\n")
+		p := startProxy(t, "--data-dir", filepath.Join(dir, tc.password), "--config", cfg)
+		resp, err := http.Get(p.URL + "/v2/team/app/manifests/v1?ns=reg.test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("password %q: status %d, want %d: %s", tc.password, resp.StatusCode, tc.status, body)
+		}
+		if strings.Contains(string(body), tc.password) && tc.status != http.StatusOK {
+			t.Errorf("the password appears in the error: %s", body)
+		}
+		p.stop()
 	}
 }
