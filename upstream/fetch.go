@@ -408,6 +408,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		}
 		kind := cutKind(err)
 		chunks.WithLabelValues("cut").Inc()
+		f.ep.health.chunk(time.Now(), true)
 		probeSettled = true
 		if next := f.ep.budget.cut(n, c.probe, kind, time.Now()); next > 0 {
 			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
@@ -417,6 +418,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 			chunkName(f.digest, start, end), cutVerb(kind), n, end-start, err)
 	}
 	chunks.WithLabelValues("complete").Inc()
+	f.ep.health.chunk(time.Now(), false)
 	if resp.StatusCode != http.StatusPartialContent || n != c.end-c.start {
 		return fresh, nil // not the chunk that was asked for: no evidence about the budget
 	}

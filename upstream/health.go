@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,10 +13,58 @@ import (
 // which a fetch gave up is down for a while: others are tried first, and it
 // is tried again (probed) once the while is over, the while doubling with
 // each failure in a row.
+//
+// Chunks tell more: an endpoint whose recent chunks are mostly cut (a
+// degraded carrier path, as to one region in the incident) is degraded, and
+// a healthy endpoint is preferred to it for new blobs. Outcomes older than
+// healthWindow are forgotten, so a degraded endpoint is tried again later.
 type health struct {
 	mu        sync.Mutex
 	downUntil time.Time
 	failures  int // in a row
+
+	outcomes [healthSamples]outcome // ring of recent chunk outcomes
+	next     int
+}
+
+type outcome struct {
+	at  time.Time
+	cut bool
+}
+
+const (
+	healthSamples  = 32
+	healthWindow   = 5 * time.Minute
+	degradedMin    = 8 // outcomes needed to judge
+	degradedCutPct = 30
+)
+
+// chunk records a chunk's outcome.
+func (h *health) chunk(now time.Time, cut bool) {
+	h.mu.Lock()
+	h.outcomes[h.next] = outcome{at: now, cut: cut}
+	h.next = (h.next + 1) % healthSamples
+	h.mu.Unlock()
+}
+
+// degraded reports whether most recent chunks were cut, and the cut rate.
+func (h *health) degraded(now time.Time) (bool, int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n, cuts := 0, 0
+	for _, o := range h.outcomes {
+		if !o.at.IsZero() && now.Sub(o.at) < healthWindow {
+			n++
+			if o.cut {
+				cuts++
+			}
+		}
+	}
+	if n < degradedMin {
+		return false, 0
+	}
+	pct := cuts * 100 / n
+	return pct >= degradedCutPct, pct
 }
 
 const (
@@ -47,21 +96,25 @@ func (h *health) down(now time.Time) bool {
 	return now.Before(h.downUntil)
 }
 
-// ordered returns the endpoints to try: those up in configured order, then
-// those down (a last resort, and how they are probed when all are down).
+// ordered returns the endpoints to try: the healthy in configured order,
+// then the degraded, then those down (a last resort, and how they are
+// probed when all are down).
 func (r *Registry) ordered(eps []*endpoint) []*endpoint {
+	if len(eps) < 2 {
+		return eps
+	}
 	now := time.Now()
-	out := make([]*endpoint, 0, len(eps))
-	for _, ep := range eps {
-		if !ep.health.down(now) {
-			out = append(out, ep)
-		}
-	}
-	for _, ep := range eps {
+	rank := func(ep *endpoint) int {
 		if ep.health.down(now) {
-			out = append(out, ep)
+			return 2
 		}
+		if degraded, _ := ep.health.degraded(now); degraded {
+			return 1
+		}
+		return 0
 	}
+	out := slices.Clone(eps)
+	slices.SortStableFunc(out, func(a, b *endpoint) int { return rank(a) - rank(b) })
 	return out
 }
 

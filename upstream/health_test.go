@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -119,6 +120,59 @@ func TestTagMissingOnReplica(t *testing.T) {
 	for _, want := range []string{"not on us-east-1", "us-east-2", "replication does not backfill tags pushed before the rule existed"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("got %v, want it to say %q", err, want)
+		}
+	}
+}
+
+// TestDegradedEndpointAvoided: when most chunks from the first endpoint are
+// cut (a degraded path) and a replica is clean, new blobs come from the
+// replica.
+func TestDegradedEndpointAvoided(t *testing.T) {
+	t.Parallel()
+	var blobs [][]byte
+	for i := range 3 {
+		b := randomBlob(600_000)
+		b[0] = byte(i) // three different blobs
+		blobs = append(blobs, b)
+	}
+	var degraded, clean []*rangeServer
+	mux := func(list *[]*rangeServer, cut int) http.Handler {
+		hs := http.NewServeMux()
+		for _, b := range blobs {
+			s := &rangeServer{blob: b, cutAfter: cut}
+			*list = append(*list, s)
+			hs.Handle("/v2/team/app/blobs/"+digest.FromBytes(b).String(), s)
+		}
+		return hs
+	}
+	bad := httptest.NewServer(mux(&degraded, 20_000))
+	good := httptest.NewServer(mux(&clean, 0))
+	t.Cleanup(bad.Close)
+	t.Cleanup(good.Close)
+	tr := NewTransport()
+	r, err := New("ecr", []string{bad.URL, good.URL}, WithTransport(tr), WithLogger(discardLogger),
+		WithFetchConfig(FetchConfig{Budget: 64 << 10, MinBudget: 16 << 10, MaxBudget: 64 << 10, MaxAttempts: 100}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range blobs {
+		w := newMemBlobWriter(-1)
+		if err := r.FetchBlob(t.Context(), "team/app", digest.FromBytes(b), w); err != nil {
+			t.Fatalf("blob %d: %v", i, err)
+		}
+		checkBlob(t, w, b)
+	}
+	// The first blob comes through the cuts; once they are counted, the
+	// others come from the clean replica.
+	if len(degraded[0].all()) == 0 {
+		t.Error("the first blob did not use the first endpoint")
+	}
+	for i := 1; i < len(blobs); i++ {
+		if gets := len(degraded[i].all()); gets != 0 {
+			t.Errorf("blob %d: %d requests to the degraded endpoint, want 0", i, gets)
+		}
+		if len(clean[i].all()) == 0 {
+			t.Errorf("blob %d: no request to the clean replica", i)
 		}
 	}
 }
