@@ -4,14 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/bench/ecrtest"
 )
 
 func TestECRRegion(t *testing.T) {
@@ -46,129 +45,11 @@ func TestECRRegion(t *testing.T) {
 	}
 }
 
-// ecrAPI stands in for the ECR API's GetAuthorizationToken: it issues a new
-// token per call, for the region the request was signed for.
-type ecrAPI struct {
-	lifetime time.Duration
-	now      func() time.Time
-
-	mu      sync.Mutex
-	issued  map[string][]string  // region → tokens, oldest first
-	expires map[string]time.Time // token → its expiry
-	changed chan struct{}        // closed and replaced on every token issued
-}
-
-var scopeRegion = regexp.MustCompile(`Credential=[^/]+/\d{8}/([a-z0-9-]+)/ecr/aws4_request`)
-
-func newECRAPI(t *testing.T, lifetime time.Duration) (*ecrAPI, *httptest.Server) {
-	a := &ecrAPI{lifetime: lifetime, now: time.Now, issued: map[string][]string{}, expires: map[string]time.Time{},
-		changed: make(chan struct{})}
-	srv := httptest.NewServer(a)
-	t.Cleanup(srv.Close)
-	return a, srv
-}
-
-func (a *ecrAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	m := scopeRegion.FindStringSubmatch(r.Header.Get("Authorization"))
-	if m == nil || !strings.HasSuffix(r.Header.Get("X-Amz-Target"), ".GetAuthorizationToken") {
-		http.Error(w, `{"__type":"InvalidSignatureException"}`, http.StatusBadRequest)
-		return
-	}
-	region := m[1]
-	a.mu.Lock()
-	tok := fmt.Sprintf("secret-ecr-%s-%d", region, len(a.issued[region])+1)
-	a.issued[region] = append(a.issued[region], tok)
-	a.expires[tok] = a.now().Add(a.lifetime)
-	close(a.changed)
-	a.changed = make(chan struct{})
-	a.mu.Unlock()
-	w.Header().Set("Content-Type", "application/x-amz-json-1.1")
-	json.NewEncoder(w).Encode(map[string]any{"authorizationData": []map[string]any{{
-		"authorizationToken": base64.StdEncoding.EncodeToString([]byte("AWS:" + tok)),
-		"expiresAt":          float64(a.now().Add(a.lifetime).Unix()),
-		"proxyEndpoint":      "https://123456789012.dkr.ecr." + region + ".amazonaws.com",
-	}}})
-}
-
-// valid reports whether tok was issued for region and has not expired.
-func (a *ecrAPI) valid(region, tok string) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	exp, ok := a.expires[tok]
-	return ok && strings.HasPrefix(tok, "secret-ecr-"+region+"-") && a.now().Before(exp)
-}
-
-func (a *ecrAPI) tokens(region string) []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]string(nil), a.issued[region]...)
-}
-
-// waitTokens waits until n tokens were issued for region.
-func (a *ecrAPI) waitTokens(ctx context.Context, region string, n int) error {
-	for {
-		a.mu.Lock()
-		have, changed := len(a.issued[region]), a.changed
-		a.mu.Unlock()
-		if have >= n {
-			return nil
-		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
-			return fmt.Errorf("%d tokens for %s, want %d: %w", have, region, n, ctx.Err())
-		}
-	}
-}
-
-// ecrRegistry is a regional ECR registry: it takes the tokens issued for its
-// region until they expire, answering any other as ECR answers an expired
-// token (403), and a request without one with a Basic challenge (401).
-type ecrRegistry struct {
-	region string
-	api    *ecrAPI
-	next   http.Handler
-
-	mu       sync.Mutex
-	expired  map[string]bool
-	refusals int
-}
-
-func (g *ecrRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	user, pass, ok := r.BasicAuth()
-	if !ok {
-		w.Header().Set("WWW-Authenticate", `Basic realm="https://ecr.test/",service="ecr.amazonaws.com"`)
-		http.Error(w, `{"errors":[{"code":"DENIED","message":"Not Authorized"}]}`, http.StatusUnauthorized)
-		return
-	}
-	g.mu.Lock()
-	valid := user == "AWS" && g.api.valid(g.region, pass) && !g.expired[pass]
-	if !valid {
-		g.refusals++
-	}
-	g.mu.Unlock()
-	if !valid {
-		w.WriteHeader(http.StatusForbidden)
-		io.WriteString(w, `{"errors":[{"code":"DENIED","message":"Your Authorization Token has expired. Please run 'aws ecr get-login-password' to fetch a new one."}]}`)
-		return
-	}
-	g.next.ServeHTTP(w, r)
-}
-
-// expire makes the registry refuse every token issued so far.
-func (g *ecrRegistry) expire() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, tok := range g.api.tokens(g.region) {
-		g.expired[tok] = true
-	}
-}
-
 // ecrEnv is two regional ECR registries replicating one image, an ECR API
 // stand-in, and an upstream with both as endpoints.
 type ecrEnv struct {
-	api     *ecrAPI
-	regs    map[string]*ecrRegistry
+	api     *ecrtest.API
+	regs    map[string]*ecrtest.Registry
 	srvs    map[string]*httptest.Server
 	creds   *ECRCredentials
 	logs    *bytes.Buffer
@@ -178,8 +59,10 @@ type ecrEnv struct {
 
 func newECREnv(t *testing.T, lifetime time.Duration) *ecrEnv {
 	t.Helper()
-	api, apiSrv := newECRAPI(t, lifetime)
-	e := &ecrEnv{api: api, regs: map[string]*ecrRegistry{}, srvs: map[string]*httptest.Server{}, logs: &bytes.Buffer{}}
+	api := ecrtest.NewAPI(lifetime)
+	apiSrv := httptest.NewServer(api)
+	t.Cleanup(apiSrv.Close)
+	e := &ecrEnv{api: api, regs: map[string]*ecrtest.Registry{}, srvs: map[string]*httptest.Server{}, logs: &bytes.Buffer{}}
 	img, err := random.Image(200_000, 2)
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +75,7 @@ func newECREnv(t *testing.T, lifetime time.Duration) *ecrEnv {
 		if err := remote.Write(ref, img); err != nil {
 			t.Fatal(err)
 		}
-		g := &ecrRegistry{region: region, api: api, next: backend, expired: map[string]bool{}}
+		g := ecrtest.NewRegistry(region, api, backend)
 		e.regs[region], e.srvs[region] = g, httptest.NewServer(g)
 		t.Cleanup(e.srvs[region].Close)
 	}
@@ -249,7 +132,7 @@ func (e *ecrEnv) noSecrets(t *testing.T, errs ...error) {
 			text += err.Error()
 		}
 	}
-	for _, secret := range []string{"secret-ecr-", "secret-aws-key", base64.StdEncoding.EncodeToString([]byte("AWS:secret"))[:8]} {
+	for _, secret := range []string{ecrtest.TokenPrefix, "secret-aws-key", base64.StdEncoding.EncodeToString([]byte("AWS:secret"))[:8]} {
 		if strings.Contains(text, secret) {
 			t.Errorf("a credential (%q…) appears in the logs or errors", secret)
 		}
@@ -277,11 +160,11 @@ func TestECRTokenExpiry(t *testing.T) {
 	if err := e.pull(t, r); err != nil {
 		t.Fatalf("first pull: %v", err)
 	}
-	e.regs["us-east-2"].expire()
+	e.regs["us-east-2"].Expire()
 	if err := e.pull(t, r); err != nil {
 		t.Fatalf("pull after the token expired: %v", err)
 	}
-	if got := len(e.api.tokens("us-east-2")); got != 2 {
+	if got := len(e.api.Tokens("us-east-2")); got != 2 {
 		t.Errorf("tokens issued: got %d, want 2 (one renewal)", got)
 	}
 	e.noSecrets(t)
@@ -295,7 +178,8 @@ func TestECRTokenRenewedAhead(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Now()
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	e.creds.now, e.api.now = clock, clock
+	e.creds.now = clock
+	e.api.SetClock(clock)
 	r := e.upstream(t, "us-east-2")
 	if err := e.pull(t, r); err != nil {
 		t.Fatal(err)
@@ -308,13 +192,10 @@ func TestECRTokenRenewedAhead(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	if err := e.api.waitTokens(ctx, "us-east-2", 2); err != nil {
+	if err := e.api.WaitTokens(ctx, "us-east-2", 2); err != nil {
 		t.Fatal(err)
 	}
-	e.regs["us-east-2"].mu.Lock()
-	refusals := e.regs["us-east-2"].refusals
-	e.regs["us-east-2"].mu.Unlock()
-	if refusals != 0 {
+	if refusals := e.regs["us-east-2"].Refusals(); refusals != 0 {
 		t.Errorf("requests refused: got %d, want 0 (renewed ahead of expiry)", refusals)
 	}
 }
@@ -330,7 +211,7 @@ func TestECRFailoverToReplicaRegion(t *testing.T) {
 	if err := e.pull(t, r); err != nil {
 		t.Fatalf("pull with us-east-2 down: %v", err)
 	}
-	if got := len(e.api.tokens("us-east-1")); got != 1 {
+	if got := len(e.api.Tokens("us-east-1")); got != 1 {
 		t.Errorf("us-east-1 tokens: got %d, want 1", got)
 	}
 	e.noSecrets(t)

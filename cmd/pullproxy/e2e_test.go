@@ -91,13 +91,30 @@ func TestMain(m *testing.M) {
 type proxyProcess struct {
 	URL string
 	cmd *exec.Cmd
+
+	mu  sync.Mutex
+	log strings.Builder // everything it logged
+}
+
+// logged returns everything the process has logged so far.
+func (p *proxyProcess) logged() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
 }
 
 // startProxy runs `pullproxy serve` with args on a free loopback port and
 // returns once it serves. The test's cleanup stops it.
 func startProxy(t *testing.T, args ...string) *proxyProcess {
 	t.Helper()
+	return startProxyEnv(t, nil, args...)
+}
+
+// startProxyEnv is startProxy with variables added to the environment.
+func startProxyEnv(t *testing.T, env []string, args ...string) *proxyProcess {
+	t.Helper()
 	cmd := exec.Command(pullproxyBin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -112,6 +129,9 @@ func startProxy(t *testing.T, args ...string) *proxyProcess {
 		addrRE := regexp.MustCompile(`msg="pullproxy serving".* addr=(\S+)`)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			p.mu.Lock()
+			p.log.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
 			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
 				addrc <- m[1]
 			}
