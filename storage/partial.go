@@ -31,6 +31,7 @@ type Partial struct {
 	digest digest.Digest
 	path   string
 	f      *os.File
+	fi     os.FileInfo // f's identity, which Open checks
 
 	mu        sync.Mutex
 	size      int64 // -1 until known
@@ -40,6 +41,7 @@ type Partial struct {
 	wanted    []int64       // offsets readers wait at, one entry per waiting reader
 	committed string        // path of the verified blob, once committed
 	err       error         // why the download failed, once it has
+	discarded bool          // failed with bytes not to be trusted: none is handed out any more
 
 	// The running hash is the writers' alone; readers never take hashMu.
 	hashMu sync.Mutex
@@ -67,8 +69,13 @@ func (s *Store) NewPartial(ctx context.Context, d digest.Digest, size int64) (*P
 	if p, ok := s.resume(ctx, d, size); ok {
 		return p, nil
 	}
+	// A new file, not the old one truncated: a reader still draining an
+	// earlier download of d keeps the bytes that download vouched for.
 	path := s.partialPath(d)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("starting download of %s: %w", d, err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("starting download of %s: %w", d, err)
 	}
@@ -84,7 +91,9 @@ func (s *Store) NewPartial(ctx context.Context, d digest.Digest, size int64) (*P
 }
 
 func newPartial(s *Store, d digest.Digest, f *os.File) *Partial {
+	fi, _ := f.Stat() // a nil FileInfo only makes Open find nothing
 	return &Partial{
+		fi:      fi,
 		store:   s,
 		digest:  d,
 		path:    f.Name(),
@@ -125,13 +134,32 @@ func (p *Partial) SetSize(n int64) error {
 	return nil
 }
 
-// WriteAt writes b at off and marks it done. Bytes beyond the blob's size are
-// refused with ErrSizeMismatch.
+// WriteAt writes b at off and marks it done. Bytes already written are
+// left as they are, whatever b holds there: the running hash has covered
+// them, so the file must keep them (a stream restarted from byte 0, or
+// another endpoint, cannot slip different bytes under a verified hash).
+// Bytes beyond the blob's size are refused with ErrSizeMismatch. It returns
+// len(b) when every byte is in the file.
 func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
-	if size := p.Size(); size >= 0 && off+int64(len(b)) > size {
-		return 0, fmt.Errorf("writing %s at %d-%d: past its %d bytes: %w",
-			p.digest, off, off+int64(len(b))-1, size, ErrSizeMismatch)
+	end := off + int64(len(b))
+	var buf [4]span // gaps without an allocation, in the usual case of one
+	p.mu.Lock()
+	size := p.size
+	gaps := p.done.gaps(buf[:0], off, end)
+	p.mu.Unlock()
+	if size >= 0 && end > size {
+		return 0, fmt.Errorf("writing %s at %d-%d: past its %d bytes: %w", p.digest, off, end-1, size, ErrSizeMismatch)
 	}
+	for _, g := range gaps {
+		if err := p.writeSpan(b[g.start-off:g.end-off], g.start); err != nil {
+			return int(g.start - off), err
+		}
+	}
+	return len(b), nil
+}
+
+// writeSpan writes b, none of which is written yet, at off.
+func (p *Partial) writeSpan(b []byte, off int64) error {
 	n, err := p.f.WriteAt(b, off)
 	if n > 0 {
 		p.hashMu.Lock()
@@ -155,9 +183,9 @@ func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
 		}
 	}
 	if err != nil {
-		return n, fmt.Errorf("writing %s at %d: %w", p.digest, off, err)
+		return fmt.Errorf("writing %s at %d: %w", p.digest, off, err)
 	}
-	return n, nil
+	return nil
 }
 
 // catchUpHash hashes bytes that were written ahead of the hashed prefix and
@@ -268,6 +296,9 @@ func (p *Partial) Fail(err error) {
 	if !p.end(err) {
 		return
 	}
+	p.mu.Lock()
+	p.discarded = true
+	p.mu.Unlock()
 	p.f.Close()
 	p.dropRecord()
 	if rmErr := os.Remove(p.path); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) {
@@ -375,7 +406,7 @@ func (p *Partial) WaitAvailable(ctx context.Context, off int64) (int64, error) {
 }
 
 func (p *Partial) availableLocked(off int64) int64 {
-	if p.size < 0 || off >= p.size {
+	if p.size < 0 || off >= p.size || p.discarded {
 		return 0
 	}
 	if p.committed != "" {
@@ -390,15 +421,21 @@ func (p *Partial) availableLocked(off int64) int64 {
 // commit (which renames the file) and after it. The caller closes it.
 func (p *Partial) Open() (*os.File, error) {
 	// The rename is atomic, so the file is always at one of the two paths;
-	// looking at the partial path first cannot miss a rename in between.
+	// looking at the partial path first cannot miss a rename in between. A
+	// file at either path that is not this download's (a later download of
+	// the same digest) is not opened.
 	for _, path := range []string{p.path, p.store.blobPath(p.digest)} {
 		f, err := os.Open(path)
-		if err == nil {
-			return f, nil
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
 		}
-		if !errors.Is(err, fs.ErrNotExist) {
+		if err != nil {
 			return nil, fmt.Errorf("opening download of %s: %w", p.digest, err)
 		}
+		if fi, err := f.Stat(); err == nil && os.SameFile(fi, p.fi) {
+			return f, nil
+		}
+		f.Close()
 	}
 	if err := p.Err(); err != nil {
 		return nil, err

@@ -74,3 +74,18 @@ func (s spans) total() int64 {
 	}
 	return n
 }
+
+// gaps appends to dst the parts of [start, end) that s does not cover, in
+// order.
+func (s spans) gaps(dst []span, start, end int64) []span {
+	out := dst
+	for start < end {
+		a, b := s.gap(start, end)
+		if a >= b {
+			break
+		}
+		out = append(out, span{a, b})
+		start = b
+	}
+	return out
+}
