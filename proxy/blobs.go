@@ -68,8 +68,14 @@ func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d di
 	var err error
 	if p := s.downloads.lookup(d); p != nil {
 		size, err = p.WaitSize(r.Context())
-	} else {
-		size, err = rt.up.HeadBlob(r.Context(), rt.repo, d)
+	} else if size, err = rt.up.HeadBlob(r.Context(), rt.repo, d); err == nil && size < 0 {
+		// The upstream's HEAD gave no size: the download will learn it.
+		var p *storage.Partial
+		if p, err = s.downloads.join(r.Context(), rt, d); err == nil {
+			size, err = p.WaitSize(r.Context())
+		} else if errors.Is(err, errStored) {
+			size, err = s.store.StatBlob(r.Context(), d)
+		}
 	}
 	if err != nil {
 		s.fail(w, r, rt, err)

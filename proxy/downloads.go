@@ -12,6 +12,9 @@ import (
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
+// errShuttingDown refuses new downloads once the server is closing.
+var errShuttingDown = errors.New("pullproxy is shutting down")
+
 // errStored tells a joiner that the blob was committed while it looked: serve
 // it from the store.
 var errStored = errors.New("blob already stored")
@@ -51,7 +54,7 @@ func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (*stora
 		}
 		t.mu.Unlock()
 		if !running {
-			return t.start(ctx, rt, d, dl)
+			return t.start(ctx, rt, d, dl, nil)
 		}
 		select {
 		case <-dl.ready:
@@ -72,7 +75,7 @@ func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (*stora
 }
 
 // start opens the partial download of d claimed by dl and runs it.
-func (t *downloads) start(ctx context.Context, rt route, d digest.Digest, dl *download) (*storage.Partial, error) {
+func (t *downloads) start(ctx context.Context, rt route, d digest.Digest, dl *download, exclude []string) (*storage.Partial, error) {
 	// A download that ended between the caller's store lookup and our
 	// claim committed the blob before leaving the table: look again.
 	if _, err := t.srv.store.StatBlob(ctx, d); err == nil {
@@ -80,24 +83,28 @@ func (t *downloads) start(ctx context.Context, rt route, d digest.Digest, dl *do
 	} else {
 		// The size a manifest declared, when one was served: the upstream's
 		// own claim is then checked against it.
-		size, err := t.srv.store.DeclaredSize(ctx, d)
+		size, err := t.srv.store.DeclaredSize(ctx, rt.up.Name(), rt.repo, d)
 		if err != nil {
 			size = -1
 		}
 		dl.partial, dl.err = t.srv.store.NewPartial(ctx, d, size)
+	}
+	if dl.err == nil && !t.srv.track() {
+		dl.partial.Abandon(errShuttingDown)
+		dl.err = errShuttingDown
 	}
 	close(dl.ready)
 	if dl.err != nil {
 		t.remove(d, dl)
 		return nil, dl.err
 	}
-	t.srv.wg.Add(1)
-	go t.run(rt, dl)
+	go t.run(rt, dl, exclude)
 	return dl.partial, nil
 }
 
 // run fetches the blob, commits it if it verifies, and leaves the table.
-func (t *downloads) run(rt route, dl *download) {
+// Endpoints in exclude served it corrupt before.
+func (t *downloads) run(rt route, dl *download, exclude []string) {
 	defer t.srv.wg.Done()
 	p := dl.partial
 	d := p.Digest()
@@ -107,30 +114,27 @@ func (t *downloads) run(rt route, dl *download) {
 	log := t.srv.log.With("upstream", rt.up.Name(), "repo", rt.repo, "digest", d)
 	log.Info("blob download started")
 
-	var err error
-	for skip := 0; ; skip++ {
-		err = rt.up.FetchBlob(ctx, rt.repo, d, p, upstream.SkipEndpoints(skip))
-		switch {
-		case err == nil:
-			err = p.Commit(ctx) // fails, and discards the bytes, on a digest mismatch
-		case keepPartial(err):
-			p.Abandon(err) // the next download of d resumes from here
-		default:
-			p.Fail(err)
-		}
-		if !errors.Is(err, storage.ErrDigestMismatch) || skip+1 >= len(rt.up.Endpoints()) {
-			break
-		}
-		// Corrupt at this endpoint: the next one may hold it intact. Clients
-		// of the failed attempt got a short read and will ask again.
-		log.Warn("blob failed verification: fetching it from the next endpoint", "err", err,
-			"next", rt.up.Endpoints()[skip+1])
-		if p, err = t.srv.store.NewPartial(ctx, d, p.Size()); err != nil {
-			break
-		}
+	var served string // the endpoint that delivered the bytes
+	err := rt.up.FetchBlob(ctx, rt.repo, d, p, upstream.ExcludeEndpoints(exclude...),
+		upstream.ReportEndpoint(func(ep string) { served = ep }))
+	switch {
+	case err == nil:
+		err = p.Commit(ctx) // fails, and discards the bytes, on a digest mismatch
+	case keepPartial(err):
+		p.Abandon(err) // the next download of d resumes from here
+	default:
+		p.Fail(err)
 	}
 	t.remove(d, dl)
 
+	if errors.Is(err, storage.ErrDigestMismatch) && served != "" && len(exclude)+1 < len(rt.up.Endpoints()) {
+		// Corrupt at that endpoint: another may hold it intact. Clients of
+		// this attempt got a short read; when they ask again they join the
+		// new download.
+		log.Warn("blob failed verification: fetching it again from another endpoint", "err", err, "corrupt_at", served)
+		t.restart(rt, d, append(exclude, served))
+		return
+	}
 	if err != nil {
 		t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "failed").Inc()
 		attrs := []any{"err", err, "duration", time.Since(start).Round(time.Millisecond)}
@@ -142,6 +146,22 @@ func (t *downloads) run(rt route, dl *download) {
 	}
 	t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "committed").Inc()
 	log.Info("blob download committed", "bytes", p.Size(), "duration", time.Since(start).Round(time.Millisecond))
+}
+
+// restart starts a new download of d, avoiding the endpoints in exclude,
+// unless one is already running.
+func (t *downloads) restart(rt route, d digest.Digest, exclude []string) {
+	t.mu.Lock()
+	if _, running := t.m[d]; running {
+		t.mu.Unlock()
+		return
+	}
+	dl := &download{ready: make(chan struct{}), finished: make(chan struct{})}
+	t.m[d] = dl
+	t.mu.Unlock()
+	if _, err := t.start(t.srv.ctx, rt, d, dl, exclude); err != nil && !errors.Is(err, errStored) {
+		t.srv.log.Warn("restarting a blob download", "digest", d, "err", err)
+	}
 }
 
 func (t *downloads) remove(d digest.Digest, dl *download) {

@@ -127,7 +127,7 @@ func (s *Server) lookupTag(ctx context.Context, rt route, accept []string) (upst
 	if desc.MediaType == "" || desc.MediaType == "application/json" || desc.MediaType == "text/plain" {
 		desc.MediaType = sniffMediaType(body)
 	}
-	return desc, s.putManifest(ctx, desc, body)
+	return desc, s.putManifest(ctx, rt, desc, body)
 }
 
 // manifestContent returns a manifest by digest, from the store or else from
@@ -159,7 +159,7 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 		if desc.MediaType == "" || desc.MediaType == "application/json" || desc.MediaType == "text/plain" {
 			desc.MediaType = sniffMediaType(body)
 		}
-		if err := s.putManifest(ctx, desc, body); err != nil {
+		if err := s.putManifest(ctx, rt, desc, body); err != nil {
 			return nil, err
 		}
 		return result{body, desc.MediaType}, nil
@@ -171,11 +171,11 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 	return res.body, res.mediaType, nil
 }
 
-func (s *Server) putManifest(ctx context.Context, desc upstream.Descriptor, body []byte) error {
+func (s *Server) putManifest(ctx context.Context, rt route, desc upstream.Descriptor, body []byte) error {
 	if err := s.store.PutBlob(ctx, desc.Digest, body); err != nil {
 		return err
 	}
-	if err := s.store.SetDeclaredSizes(ctx, declaredSizes(body)); err != nil {
+	if err := s.store.SetDeclaredSizes(ctx, rt.up.Name(), rt.repo, declaredSizes(body)); err != nil {
 		s.log.Warn("recording the sizes a manifest declares", "digest", desc.Digest, "err", err)
 	}
 	return s.store.SetMediaType(ctx, desc.Digest, desc.MediaType)

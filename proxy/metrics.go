@@ -18,7 +18,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pullproxy_http_requests_total",
-			Help: "Registry API requests served, by kind (manifests, blobs, ping, other), method and HTTP status.",
+			Help: "Registry API requests served, by kind (manifests, blobs, ping, other), method (other for unknown ones) and HTTP status.",
 		}, []string{"kind", "method", "code"}),
 		servedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pullproxy_blob_served_bytes_total",

@@ -47,8 +47,8 @@ type Store interface {
 	Touch(ctx context.Context, d digest.Digest) error
 	Tag(ctx context.Context, upstream, repo, tag string) (storage.TagRecord, error)
 	PutTag(ctx context.Context, upstream, repo, tag string, rec storage.TagRecord) error
-	SetDeclaredSizes(ctx context.Context, sizes map[digest.Digest]int64) error
-	DeclaredSize(ctx context.Context, d digest.Digest) (int64, error)
+	SetDeclaredSizes(ctx context.Context, upstream, repo string, sizes map[digest.Digest]int64) error
+	DeclaredSize(ctx context.Context, upstream, repo string, d digest.Digest) (int64, error)
 }
 
 var _ Store = (*storage.Store)(nil)
@@ -73,7 +73,20 @@ type Server struct {
 	// lookups); Close cancels it.
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	wg     sync.WaitGroup // downloads running
+	mu     sync.Mutex     // guards closed against wg.Add racing Close's wg.Wait
+	closed bool
+}
+
+// track counts a download in, unless the server is closing.
+func (s *Server) track() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.wg.Add(1)
+	return true
 }
 
 // Option configures a Server.
@@ -193,7 +206,11 @@ func New(opts ...Option) (*Server, error) {
 }
 
 // Close cancels the downloads in progress and waits for them to stop.
+// Their progress is kept for the next start.
 func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
 	return nil
@@ -209,7 +226,7 @@ func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
 	kind := "other"
 	defer func() {
-		s.metrics.requests.WithLabelValues(kind, r.Method, strconv.Itoa(rw.status)).Inc()
+		s.metrics.requests.WithLabelValues(kind, methodLabel(r.Method), strconv.Itoa(rw.status)).Inc()
 		if rw.source != "" {
 			s.metrics.servedBytes.WithLabelValues(rw.source).Add(float64(rw.written))
 		}
@@ -250,6 +267,16 @@ func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 	case kindBlob:
 		s.serveBlob(w, r, rt)
 	}
+}
+
+// methodLabel bounds the method label: any method a client invents would
+// otherwise make a series of its own.
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPut, http.MethodPost, http.MethodPatch, http.MethodDelete:
+		return m
+	}
+	return "other"
 }
 
 // fail reports err to the client, and to the operator with the likely fix.

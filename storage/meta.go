@@ -18,7 +18,7 @@ import (
 //
 //	tag/<upstream>/<repository>:<tag>  → TagRecord
 //	blob/<digest>                      → BlobRecord
-//	declared/<digest>                  → size a manifest declares for the blob
+//	declared/<upstream>/<repo>@<digest> → size a manifest of that repository declares
 //	partial/<digest>                   → a download's progress (checkpoint.go)
 const (
 	tagPrefix      = "tag/"
@@ -107,15 +107,18 @@ func (s *Store) SetMediaType(ctx context.Context, d digest.Digest, mediaType str
 	})
 }
 
-// SetDeclaredSizes records the sizes manifests declare for blobs, so that a
-// download knows what to expect before the upstream says anything.
-func (s *Store) SetDeclaredSizes(ctx context.Context, sizes map[digest.Digest]int64) error {
+// SetDeclaredSizes records the sizes a manifest of upstream/repo declares
+// for blobs, so that a download knows what to expect before the upstream
+// says anything. They are kept per repository: a manifest elsewhere that
+// declares a wrong size for the same digest must not decide how it is
+// fetched for this one.
+func (s *Store) SetDeclaredSizes(ctx context.Context, upstream, repo string, sizes map[digest.Digest]int64) error {
 	if len(sizes) == 0 {
 		return nil
 	}
 	err := s.db.Update(func(txn *badger.Txn) error {
 		for d, n := range sizes {
-			if err := txn.Set([]byte(declaredPrefix+d.String()), []byte(strconv.FormatInt(n, 10))); err != nil {
+			if err := txn.Set(declaredKey(upstream, repo, d), []byte(strconv.FormatInt(n, 10))); err != nil {
 				return err
 			}
 		}
@@ -127,11 +130,16 @@ func (s *Store) SetDeclaredSizes(ctx context.Context, sizes map[digest.Digest]in
 	return nil
 }
 
-// DeclaredSize returns the size a manifest declared for d, or ErrNotFound.
-func (s *Store) DeclaredSize(ctx context.Context, d digest.Digest) (int64, error) {
+func declaredKey(upstream, repo string, d digest.Digest) []byte {
+	return []byte(declaredPrefix + upstream + "/" + repo + "@" + d.String())
+}
+
+// DeclaredSize returns the size a manifest of upstream/repo declared for d,
+// or ErrNotFound.
+func (s *Store) DeclaredSize(ctx context.Context, upstream, repo string, d digest.Digest) (int64, error) {
 	var n int64
 	err := s.db.View(func(txn *badger.Txn) error {
-		item, err := txn.Get([]byte(declaredPrefix + d.String()))
+		item, err := txn.Get(declaredKey(upstream, repo, d))
 		if errors.Is(err, badger.ErrKeyNotFound) {
 			return ErrNotFound
 		}

@@ -649,38 +649,41 @@ func TestFetchBlobProbeFreedOnCancel(t *testing.T) {
 	})
 }
 
-// TestFetchBlobSkipEndpoints: a blob fetched again after n endpoints served
-// it corrupt starts at the next endpoint.
-func TestFetchBlobSkipEndpoints(t *testing.T) {
+// TestFetchBlobExcludeEndpoints: a blob fetched again after an endpoint
+// served it corrupt avoids that endpoint, whatever the health order; the
+// endpoint that completed a fetch is reported.
+func TestFetchBlobExcludeEndpoints(t *testing.T) {
 	t.Parallel()
 	blob := randomBlob(5000)
 	corrupt := slices.Clone(blob)
 	corrupt[100] ^= 0xff
 	tests := []struct {
 		name      string
-		bug       string
-		skip      int
-		want      []byte // nil: an error
+		exclude   []int // endpoint indexes
+		want      []byte
+		served    int // endpoint index reported; -1: none
 		firstUsed bool
 	}{
-		{"none skipped", "", 0, corrupt, true},
-		{"the first skipped", "", 1, blob, false},
-		{"all skipped", "", 2, nil, false},
-		{"negative", "", -1, corrupt, true},
+		{"none excluded", nil, corrupt, 0, true},
+		{"the first excluded", []int{0}, blob, 1, false},
+		{"all excluded", []int{0, 1}, nil, -1, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if tt.bug != "" {
-				t.Skip(tt.bug)
-			}
 			first, second := &rangeServer{blob: corrupt}, &rangeServer{blob: blob}
 			s1, s2 := httptest.NewServer(first), httptest.NewServer(second)
 			t.Cleanup(s1.Close)
 			t.Cleanup(s2.Close)
 			r := newTestRegistry(t, s1.URL, s2.URL)
+			var exclude []string
+			for _, i := range tt.exclude {
+				exclude = append(exclude, r.Endpoints()[i])
+			}
+			served := ""
 			w := newMemBlobWriter(-1)
-			err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w, SkipEndpoints(tt.skip))
+			err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w, ExcludeEndpoints(exclude...),
+				ReportEndpoint(func(ep string) { served = ep }))
 			if tt.want == nil {
 				if err == nil {
 					t.Errorf("got no error, want one")
@@ -691,11 +694,15 @@ func TestFetchBlobSkipEndpoints(t *testing.T) {
 				}
 				checkBlob(t, w, tt.want)
 			}
+			wantServed := ""
+			if tt.served >= 0 {
+				wantServed = r.Endpoints()[tt.served]
+			}
+			if served != wantServed {
+				t.Errorf("endpoint reported: got %q, want %q", served, wantServed)
+			}
 			if got := len(first.all()) > 0; got != tt.firstUsed {
 				t.Errorf("first endpoint asked: got %v, want %v", got, tt.firstUsed)
-			}
-			if got, want := len(second.all()) > 0, tt.want != nil && !tt.firstUsed; got != want {
-				t.Errorf("second endpoint asked: got %v, want %v", got, want)
 			}
 		})
 	}

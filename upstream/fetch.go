@@ -42,11 +42,27 @@ const fetchBufferSize = 256 << 10
 // FetchOption adjusts one FetchBlob call.
 type FetchOption func(*fetchOptions)
 
-type fetchOptions struct{ skip int }
+type fetchOptions struct {
+	exclude map[string]bool
+	served  func(endpoint string)
+}
 
-// SkipEndpoints makes FetchBlob start at the endpoint after the first n: to
-// fetch a blob again from elsewhere after n endpoints served it corrupt.
-func SkipEndpoints(n int) FetchOption { return func(o *fetchOptions) { o.skip = n } }
+// ExcludeEndpoints keeps FetchBlob away from the given endpoints (as
+// Endpoints names them): to fetch a blob again from elsewhere after one
+// served it corrupt.
+func ExcludeEndpoints(endpoints ...string) FetchOption {
+	return func(o *fetchOptions) {
+		for _, e := range endpoints {
+			o.exclude[e] = true
+		}
+	}
+}
+
+// ReportEndpoint has FetchBlob tell fn which endpoint (as Endpoints names
+// it) completed the blob, before it returns.
+func ReportEndpoint(fn func(endpoint string)) FetchOption {
+	return func(o *fetchOptions) { o.served = fn }
+}
 
 // FetchBlob writes blob d of repo into w as HTTP Range requests of at most
 // one connection budget each, several at once, each on a connection of its
@@ -54,21 +70,29 @@ func SkipEndpoints(n int) FetchOption { return func(o *fetchOptions) { o.skip = 
 // endpoint that keeps failing is left for the next one. The digest is not
 // checked here: w's owner does that once every byte is in.
 func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter, opts ...FetchOption) error {
-	var o fetchOptions
+	o := fetchOptions{exclude: map[string]bool{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	o.skip = max(o.skip, 0)
-	if o.skip >= len(r.endpoints) {
-		return fmt.Errorf("fetching %s: no endpoint left after skipping %d", d, o.skip)
+	var eps []*endpoint
+	for _, ep := range r.endpoints {
+		if !o.exclude[ep.url.Redacted()] {
+			eps = append(eps, ep)
+		}
 	}
-	eps := r.ordered(r.endpoints[o.skip:])
+	if len(eps) == 0 {
+		return fmt.Errorf("fetching %s: no endpoint left after excluding %d", d, len(o.exclude))
+	}
+	eps = r.ordered(eps)
 	var err error
 	for i, ep := range eps {
 		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w}
 		if err = f.run(ctx); err == nil || ctx.Err() != nil {
 			if err == nil {
 				ep.markUp()
+				if o.served != nil {
+					o.served(ep.url.Redacted())
+				}
 			}
 			return err
 		}
@@ -147,6 +171,11 @@ func (f *blobFetch) learnSize(ctx context.Context) error {
 // the declared size still yield the right content when an upload was stored
 // twice. A smaller one cannot be right.
 func (f *blobFetch) checkSize(claimed int64, host string) error {
+	if claimed == 0 && f.digest != f.digest.Algorithm().FromBytes(nil) {
+		// An empty blob would be "complete" before any check could run.
+		return &Error{Upstream: f.r.name, Endpoint: host, Op: "GET /v2/" + f.repo + "/blobs/" + f.digest.String(),
+			Kind: ErrInvalid, Message: fmt.Sprintf("the upstream says %s is empty, which it cannot be", f.digest)}
+	}
 	declared := f.w.Size()
 	if declared < 0 {
 		return f.w.SetSize(claimed)

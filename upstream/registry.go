@@ -196,7 +196,7 @@ func (r *Registry) Name() string { return r.name }
 func (r *Registry) Endpoints() []string {
 	out := make([]string, len(r.endpoints))
 	for i, ep := range r.endpoints {
-		out[i] = ep.url.String()
+		out[i] = ep.url.Redacted() // a password in the URL stays out of logs
 	}
 	return out
 }

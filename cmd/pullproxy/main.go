@@ -183,7 +183,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		opts = append(opts, proxy.WithUpstream(r))
-		names = append(names, u.Name+"="+strings.Join(urls, ","))
+		names = append(names, u.Name+"="+strings.Join(r.Endpoints(), ","))
 	}
 	srv, err := proxy.New(opts...)
 	if err != nil {
