@@ -39,8 +39,9 @@ type partialRecord struct {
 
 func partialKey(d digest.Digest) []byte { return []byte(partialPrefix + d.String()) }
 
-// maybeCheckpoint takes a checkpoint when one is due and none is running.
-// n is the number of bytes just written.
+// maybeCheckpoint starts a checkpoint in the background when one is due
+// and none is running: the sync and the database write stay off the
+// writer's path. n is the number of bytes just written.
 func (p *Partial) maybeCheckpoint(n int) {
 	p.mu.Lock()
 	p.unsaved += int64(n)
@@ -49,11 +50,15 @@ func (p *Partial) maybeCheckpoint(n int) {
 	if !due || !p.checkpointing.CompareAndSwap(false, true) {
 		return
 	}
-	defer p.checkpointing.Store(false)
-	if err := p.checkpoint(); err != nil {
-		// Not fatal: the download goes on, a crash would just cost more.
-		p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
-	}
+	p.background.Add(1)
+	go func() {
+		defer p.background.Done()
+		defer p.checkpointing.Store(false)
+		if err := p.checkpoint(); err != nil {
+			// Not fatal: the download goes on, a crash would just cost more.
+			p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
+		}
+	}()
 }
 
 // checkpoint records the download's progress durably.
@@ -67,7 +72,7 @@ func (p *Partial) checkpoint() error {
 		return fmt.Errorf("%s: hash state cannot be saved", p.digest.Algorithm())
 	}
 	state, err := m.MarshalBinary()
-	rec := partialRecord{Hashed: p.hashed, HashState: state}
+	rec := partialRecord{Hashed: p.hashed.Load(), HashState: state}
 	p.hashMu.Unlock()
 	if err != nil {
 		return err
@@ -125,7 +130,8 @@ func (s *Store) resume(ctx context.Context, d digest.Digest, size int64) (*Parti
 		return discard(err.Error())
 	}
 	p := newPartial(s, d, f)
-	p.size, p.hasher, p.hashed = rec.Size, h, rec.Hashed
+	p.size, p.hasher = rec.Size, h
+	p.hashed.Store(rec.Hashed)
 	p.recorded.Store(true)
 	for _, r := range rec.Done {
 		p.done.add(r[0], r[1])

@@ -52,7 +52,8 @@ func TestPartialResumesAfterCrash(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s = reopen(t, s) // p is simply dropped
+	p.background.Wait() // checkpoints taken so far have landed; then a crash
+	s = reopen(t, s)    // p is simply dropped
 
 	q, err := s.NewPartial(t.Context(), d, int64(len(data)))
 	if err != nil {

@@ -43,17 +43,19 @@ type Partial struct {
 	err       error         // why the download failed, once it has
 	discarded bool          // failed with bytes not to be trusted: none is handed out any more
 
-	// The running hash is the writers' alone; readers never take hashMu.
+	// The running hash is the writers' alone; readers never take hashMu,
+	// and writers only try it: whoever holds it hashes for everyone.
 	hashMu sync.Mutex
 	hasher hash.Hash
-	hashed int64
-	buf    []byte // catch-up buffer for hashing bytes written out of order
+	hashed atomic.Int64 // written under hashMu; read without it
+	buf    []byte       // catch-up buffer for hashing bytes written out of order
 
 	// Progress checkpoints (see checkpoint.go).
 	unsaved       int64       // bytes written since the last checkpoint; under mu
 	savedAt       time.Time   // time of the last checkpoint; under mu
 	recorded      atomic.Bool // a progress record exists
 	checkpointing atomic.Bool
+	background    sync.WaitGroup // a checkpoint running; ended before the file is closed
 }
 
 // NewPartial starts a download of d, or resumes the one an earlier run left
@@ -162,21 +164,22 @@ func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
 func (p *Partial) writeSpan(b []byte, off int64) error {
 	n, err := p.f.WriteAt(b, off)
 	if n > 0 {
-		p.hashMu.Lock()
-		if off <= p.hashed && p.hashed < off+int64(n) {
-			p.hasher.Write(b[p.hashed-off : n])
-			p.hashed = off + int64(n)
+		// The bytes at the hash's frontier are hashed from b, sparing a read.
+		if h := p.hashed.Load(); off <= h && h < off+int64(n) && p.hashMu.TryLock() {
+			if h := p.hashed.Load(); off <= h && h < off+int64(n) {
+				p.hasher.Write(b[h-off : n])
+				p.hashed.Store(off + int64(n))
+			}
+			p.hashMu.Unlock()
 		}
-		p.hashMu.Unlock()
 
 		p.mu.Lock()
 		p.done.add(off, off+int64(n))
-		prefix := p.done.contiguous(0)
 		p.notifyLocked()
 		p.mu.Unlock()
 
 		if err == nil {
-			err = p.catchUpHash(prefix)
+			err = p.catchUpHash()
 		}
 		if err == nil {
 			p.maybeCheckpoint(n)
@@ -189,20 +192,35 @@ func (p *Partial) writeSpan(b []byte, off int64) error {
 }
 
 // catchUpHash hashes bytes that were written ahead of the hashed prefix and
-// have since become contiguous with it, reading them back from the file.
-func (p *Partial) catchUpHash(prefix int64) error {
-	p.hashMu.Lock()
-	defer p.hashMu.Unlock()
-	for p.hashed < prefix {
+// have since become contiguous with it, reading them back from the file. A
+// writer that finds another at it goes on: the other re-checks for new
+// bytes after letting go, so none is left unhashed.
+func (p *Partial) catchUpHash() error {
+	for p.hashed.Load() < p.Written() {
+		if !p.hashMu.TryLock() {
+			return nil
+		}
+		err := p.hashToLocked(p.Written())
+		p.hashMu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hashToLocked hashes the file from the hashed prefix up to prefix.
+func (p *Partial) hashToLocked(prefix int64) error {
+	for h := p.hashed.Load(); h < prefix; h = p.hashed.Load() {
 		if p.buf == nil {
 			p.buf = make([]byte, 256<<10)
 		}
-		n := min(int64(len(p.buf)), prefix-p.hashed)
-		if _, err := p.f.ReadAt(p.buf[:n], p.hashed); err != nil {
-			return fmt.Errorf("hashing %s at %d: %w", p.digest, p.hashed, err)
+		n := min(int64(len(p.buf)), prefix-h)
+		if _, err := p.f.ReadAt(p.buf[:n], h); err != nil {
+			return fmt.Errorf("hashing %s at %d: %w", p.digest, h, err)
 		}
 		p.hasher.Write(p.buf[:n])
-		p.hashed += n
+		p.hashed.Store(h + n)
 	}
 	return nil
 }
@@ -241,6 +259,7 @@ func (p *Partial) Written() int64 {
 // Commit verifies the download (every byte written, digest matching) and
 // moves it into the store. On failure the download is failed with the reason.
 func (p *Partial) Commit(ctx context.Context) error {
+	p.background.Wait()
 	if err := p.verify(); err != nil {
 		p.Fail(err)
 		return err
@@ -270,7 +289,10 @@ func (p *Partial) verify() error {
 	if size < 0 || prefix != size {
 		return fmt.Errorf("committing %s: %d of %d bytes written: %w", p.digest, prefix, size, ErrSizeMismatch)
 	}
-	if err := p.catchUpHash(prefix); err != nil {
+	p.hashMu.Lock()
+	err := p.hashToLocked(prefix)
+	p.hashMu.Unlock()
+	if err != nil {
 		return err
 	}
 	// The running hash vouches for the bytes written, not for the file: check
@@ -296,6 +318,7 @@ func (p *Partial) Fail(err error) {
 	if !p.end(err) {
 		return
 	}
+	p.background.Wait()
 	p.mu.Lock()
 	p.discarded = true
 	p.mu.Unlock()
@@ -313,6 +336,7 @@ func (p *Partial) Abandon(err error) {
 	if !p.end(err) {
 		return
 	}
+	p.background.Wait()
 	if err := p.checkpoint(); err != nil {
 		p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
 	}

@@ -100,6 +100,16 @@ func (c *tokenCache) cached(key string) (string, bool) {
 	return t.value, true
 }
 
+// pruneLocked drops tokens past their replacement time: one is kept per
+// repository ever pulled, and most repositories are not pulled again soon.
+func (c *tokenCache) pruneLocked(now time.Time) {
+	for k, t := range c.tokens {
+		if now.After(t.refreshAt) {
+			delete(c.tokens, k)
+		}
+	}
+}
+
 // forget drops a token the registry refused.
 func (c *tokenCache) forget(key string) {
 	c.mu.Lock()
@@ -139,6 +149,7 @@ func (c *tokenCache) get(ctx context.Context, ch challenge, scope string,
 			delete(c.inflight, key)
 			if f.err == nil {
 				c.tokens[key] = f.tok
+				c.pruneLocked(time.Now())
 			}
 			c.mu.Unlock()
 			close(f.done)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -107,16 +108,24 @@ func newChunkClient(base *http.Transport, firstByte, stall time.Duration) *http.
 }
 
 // idleTimeoutConn fails a read that waits longer than first for the first
-// byte, or longer than idle for any later one.
+// byte after something was sent (a TLS handshake message, a request), or
+// longer than idle for any later byte. Restarting the first-byte wait on
+// every write keeps a TLS handshake from spending it: the request's answer
+// gets the whole of it.
 type idleTimeoutConn struct {
 	net.Conn
 	first, idle time.Duration
-	answered    bool
+	answered    atomic.Bool // a byte arrived since the last write
+}
+
+func (c *idleTimeoutConn) Write(p []byte) (int, error) {
+	c.answered.Store(false)
+	return c.Conn.Write(p)
 }
 
 func (c *idleTimeoutConn) Read(p []byte) (int, error) {
 	wait := c.idle
-	if !c.answered {
+	if !c.answered.Load() {
 		wait = c.first
 	}
 	if err := c.Conn.SetReadDeadline(time.Now().Add(wait)); err != nil {
@@ -124,7 +133,7 @@ func (c *idleTimeoutConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	if n > 0 {
-		c.answered = true
+		c.answered.Store(true)
 	}
 	return n, err
 }

@@ -43,7 +43,8 @@ type ECRCredentials struct {
 	now         func() time.Time
 
 	mu      sync.Mutex
-	tokens  map[string]ecrToken // by region
+	tokens  map[string]ecrToken  // by region
+	renewed map[string]time.Time // by region: last renewal forced by a refusal
 	fetches singleflight.Group
 }
 
@@ -54,6 +55,11 @@ type ecrToken struct {
 	refreshAt  time.Time // replace from here on, in the background
 	expires    time.Time // no use from here on
 }
+
+// minRenewInterval bounds renewals on refusals: a 403 for lack of
+// permission looks like one for an expired token, and must not turn every
+// request into a GetAuthorizationToken call.
+const minRenewInterval = time.Minute
 
 // ECROption configures ECRCredentials.
 type ECROption func(*ECRCredentials)
@@ -81,9 +87,10 @@ func NewECRCredentials(opts ...ECROption) *ECRCredentials {
 		loadConfig: func(ctx context.Context, region string) (aws.Config, error) {
 			return config.LoadDefaultConfig(ctx, config.WithRegion(region))
 		},
-		log:    slog.Default(),
-		now:    time.Now,
-		tokens: map[string]ecrToken{},
+		log:     slog.Default(),
+		now:     time.Now,
+		tokens:  map[string]ecrToken{},
+		renewed: map[string]time.Time{},
 	}
 	for _, o := range opts {
 		o(c)
@@ -108,7 +115,12 @@ func (c *ECRCredentials) Basic(ctx context.Context, ep Endpoint) (string, string
 	case ok && now.Before(tok.refreshAt):
 	case ok && now.Before(tok.expires):
 		// Still good: use it, and replace it meanwhile.
-		go c.fetch(context.WithoutCancel(ctx), region)
+		go func() {
+			if _, err := c.fetch(context.WithoutCancel(ctx), region); err != nil {
+				c.log.Warn("renewing an ECR token ahead of expiry failed: the current one is used until it expires",
+					"region", region, "expires", tok.expires.Format(time.RFC3339), "err", err)
+			}
+		}()
 	default:
 		var err error
 		if tok, err = c.fetch(ctx, region); err != nil {
@@ -119,15 +131,21 @@ func (c *ECRCredentials) Basic(ctx context.Context, ep Endpoint) (string, string
 }
 
 // Refresh implements Preemptive: the registry refused the region's token
-// (ECR answers an expired token with 403), so drop it.
+// (ECR answers an expired token with 403), so drop it; at most once a
+// minute per region.
 func (c *ECRCredentials) Refresh(ctx context.Context, ep Endpoint) bool {
 	region := ep.Region
 	if region == "" {
 		region = ECRRegion(ep.Host)
 	}
+	now := c.now()
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now.Sub(c.renewed[region]) < minRenewInterval {
+		return false
+	}
+	c.renewed[region] = now
 	delete(c.tokens, region)
-	c.mu.Unlock()
 	return true
 }
 

@@ -401,8 +401,13 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		if !ok || first != start {
 			return 0, fail(ErrInvalid, nil, "asked for bytes %d-, got Content-Range %q", start, resp.Header.Get("Content-Range"))
 		}
-		if err := f.checkSize(total, host); err != nil {
-			return 0, err
+		if total >= 0 {
+			if err := f.checkSize(total, host); err != nil {
+				return 0, err
+			}
+		}
+		if f.w.Size() < 0 {
+			return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", f.digest)
 		}
 		end = min(last+1, f.w.Size())
 		if !c.open && c.end >= 0 {
@@ -540,7 +545,9 @@ func (f *blobFetch) getLocation(ctx context.Context, loc *url.URL, rng string) (
 // errStore marks a failure to store bytes, as opposed to receiving them.
 var errStore = errors.New("store")
 
-// copyBody writes body to [start, end) of the blob, returning the bytes written.
+// copyBody writes body to [start, end) of the blob, returning the bytes
+// written. It gathers at least minWrite bytes per write where the body has
+// them: a TLS body arrives 16 KiB at a time, and each write wakes readers.
 func (f *blobFetch) copyBody(body io.Reader, start, end int64) (int64, error) {
 	bufp := f.r.buffers.Get().(*[]byte)
 	defer f.r.buffers.Put(bufp)
@@ -548,7 +555,8 @@ func (f *blobFetch) copyBody(body io.Reader, start, end int64) (int64, error) {
 	received := f.r.metrics.blobBytes.WithLabelValues(f.r.name)
 	off := start
 	for off < end {
-		n, err := body.Read(buf[:min(int64(len(buf)), end-off)])
+		want := min(int64(len(buf)), end-off)
+		n, err := io.ReadAtLeast(body, buf[:want], int(min(want, minWrite)))
 		if n > 0 {
 			if _, werr := f.w.WriteAt(buf[:n], off); werr != nil {
 				return off - start, fmt.Errorf("%w: %w", errStore, werr)
@@ -556,18 +564,21 @@ func (f *blobFetch) copyBody(body io.Reader, start, end int64) (int64, error) {
 			off += int64(n)
 			received.Add(float64(n))
 		}
-		if err == io.EOF && off < end {
-			return off - start, io.ErrUnexpectedEOF
-		}
-		if err != nil && err != io.EOF {
+		switch {
+		case err == nil:
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+			if off < end {
+				return off - start, io.ErrUnexpectedEOF
+			}
+		default:
 			return off - start, err
-		}
-		if err == io.EOF {
-			break
 		}
 	}
 	return off - start, nil
 }
+
+// minWrite is the least copyBody gathers before writing, body permitting.
+const minWrite = 64 << 10
 
 // cutKind names how a connection died, for metrics and logs.
 func cutKind(err error) string {
@@ -606,7 +617,8 @@ func redacted(u *url.URL) string {
 	return c.String()
 }
 
-// parseContentRange parses "bytes first-last/total".
+// parseContentRange parses "bytes first-last/total"; total is -1 when the
+// upstream gives it as "*".
 func parseContentRange(h string) (first, last, total int64, ok bool) {
 	rng, ok := strings.CutPrefix(h, "bytes ")
 	if !ok {
@@ -622,6 +634,9 @@ func parseContentRange(h string) (first, last, total int64, ok bool) {
 	}
 	first, err1 := strconv.ParseInt(a, 10, 64)
 	last, err2 := strconv.ParseInt(b, 10, 64)
+	if tot == "*" {
+		return first, last, -1, err1 == nil && err2 == nil && first >= 0 && last >= first
+	}
 	total, err3 := strconv.ParseInt(tot, 10, 64)
 	return first, last, total, err1 == nil && err2 == nil && err3 == nil && first >= 0 && last >= first && total > last
 }
