@@ -1250,7 +1250,7 @@ func TestParseContentRange(t *testing.T) {
 		{"bytes 0-99/100", 0, 99, 100, true},
 		{"bytes 1000-3499/3500", 1000, 3499, 3500, true},
 		{"bytes 1000-1999/3500", 1000, 1999, 3500, true},
-		{"bytes 5-9/*", 5, 9, -1, true}, // total unknown
+		{"bytes 5-9/*", 5, 9, -1, true},   // total unknown
 		{"bytes 9-5/100", 0, 0, 0, false}, // ends before it starts
 		{"bytes */100", 0, 0, 0, false},
 		{"bytes 100-199/100", 0, 0, 0, false}, // starts past the end
