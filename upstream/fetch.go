@@ -289,7 +289,12 @@ func (f *blobFetch) claim() (chunk, bool, <-chan struct{}) {
 		return chunk{start: start, end: size, open: true}, true, nil
 	}
 	budget, probe := f.ep.budget.next(time.Now())
-	for _, off := range append(f.w.Wanted(), 0) {
+	wanted := f.w.Wanted() // nil unless readers wait: no allocation per chunk
+	for i := 0; i <= len(wanted); i++ {
+		off := int64(0) // after the wanted offsets, from the start
+		if i < len(wanted) {
+			off = wanted[i]
+		}
 		if c, ok := f.gapFrom(off, budget); ok {
 			// A chunk cut short by the blob's end or a neighbour proves
 			// nothing about a larger budget.
@@ -552,7 +557,7 @@ func (f *blobFetch) copyBody(body io.Reader, start, end int64) (int64, error) {
 	bufp := f.r.buffers.Get().(*[]byte)
 	defer f.r.buffers.Put(bufp)
 	buf := *bufp
-	received := f.r.metrics.blobBytes.WithLabelValues(f.r.name)
+	received := f.r.received
 	off := start
 	for off < end {
 		want := min(int64(len(buf)), end-off)

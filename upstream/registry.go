@@ -46,6 +46,7 @@ type Registry struct {
 	tokens    *tokenCache
 	log       *slog.Logger
 	metrics   *Metrics
+	received  prometheus.Counter // blob bytes from this upstream
 
 	// challenges remembers each host's bearer challenge, so requests after
 	// the first carry a token up front instead of collecting a 401 each.
@@ -157,6 +158,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		log:     o.log.With("upstream", name),
 		metrics: o.metrics,
 	}
+	r.received = o.metrics.blobBytes.WithLabelValues(name)
 	if t, ok := o.transport.(*http.Transport); ok {
 		r.chunks = newChunkClient(t, fetch.FirstByteTimeout, fetch.StallTimeout)
 	} else { // a caller's own transport: used as it is
