@@ -22,7 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
 
-	"github.com/pullproxy/pullproxy/bench/ecrtest"
+	"github.com/pullproxy/pullproxy/internal/ecrtest"
 )
 
 func TestECRRegion(t *testing.T) {

@@ -26,8 +26,8 @@ import (
 	"time"
 
 	"github.com/pullproxy/pullproxy/bench/carrier"
-	"github.com/pullproxy/pullproxy/bench/containerdtest"
-	"github.com/pullproxy/pullproxy/bench/registrytest"
+	"github.com/pullproxy/pullproxy/internal/containerdtest"
+	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
 const (

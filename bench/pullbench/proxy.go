@@ -19,7 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pullproxy/pullproxy/bench/carrier"
-	"github.com/pullproxy/pullproxy/bench/registrytest"
+	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
 // proxyProcess is a pullproxy serving on loopback with a data dir of its own.

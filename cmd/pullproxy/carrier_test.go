@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/pullproxy/pullproxy/bench/carrier"
-	"github.com/pullproxy/pullproxy/bench/containerdtest"
-	"github.com/pullproxy/pullproxy/bench/registrytest"
+	"github.com/pullproxy/pullproxy/internal/containerdtest"
+	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
 // The incident's carrier: 60% of TCP sessions die after 1.3–3.1 MB.

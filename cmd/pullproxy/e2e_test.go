@@ -26,7 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/pullproxy/pullproxy/bench/containerdtest"
+	"github.com/pullproxy/pullproxy/internal/containerdtest"
 )
 
 // requireTool skips a test that needs a tool this machine lacks, unless

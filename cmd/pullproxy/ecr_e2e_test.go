@@ -16,8 +16,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"github.com/pullproxy/pullproxy/bench/containerdtest"
-	"github.com/pullproxy/pullproxy/bench/ecrtest"
+	"github.com/pullproxy/pullproxy/internal/containerdtest"
+	"github.com/pullproxy/pullproxy/internal/ecrtest"
 )
 
 // TestContainerdPullsFromECRReplica is the incident's workaround, automated:

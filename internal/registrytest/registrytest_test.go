@@ -356,7 +356,7 @@ func TestStartErrors(t *testing.T) {
 // 29 MiB and four of 1 MiB) into a fresh registry per iteration. Not part of
 // CI; run with
 //
-//	go test -run '^$' -bench Push600MiB -benchtime 1x ./bench/registrytest/
+//	go test -run '^$' -bench Push600MiB -benchtime 1x ./internal/registrytest/
 //
 // REGISTRYTEST_BENCH_DIR chooses the parent of the storage directories
 // (default: the test's temporary directory).
