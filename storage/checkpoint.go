@@ -63,31 +63,15 @@ func (p *Partial) maybeCheckpoint(n int) {
 
 // checkpoint records the download's progress durably.
 func (p *Partial) checkpoint() error {
-	// Snapshot the hash first: every byte it covers was written before the
-	// ranges are read, and before the sync below.
-	p.hashMu.Lock()
-	m, ok := p.hasher.(encoding.BinaryMarshaler)
-	if !ok {
-		p.hashMu.Unlock()
-		return fmt.Errorf("%s: hash state cannot be saved", p.digest.Algorithm())
-	}
-	state, err := m.MarshalBinary()
-	rec := partialRecord{Hashed: p.hashed.Load(), HashState: state}
-	p.hashMu.Unlock()
+	rec, committed, err := p.progress()
 	if err != nil {
 		return err
 	}
-	p.mu.Lock()
-	rec.Size = p.size
-	for _, s := range p.done {
-		rec.Done = append(rec.Done, [2]int64{s.start, s.end})
-	}
-	p.unsaved, p.savedAt = 0, time.Now()
-	committed := p.committed != ""
-	p.mu.Unlock()
 	if committed || rec.Size < 0 {
 		return nil
 	}
+	// Every byte the record claims was written before the snapshot, so the
+	// sync covers it.
 	if err := p.f.Sync(); err != nil {
 		return fmt.Errorf("syncing download of %s: %w", p.digest, err)
 	}
@@ -96,6 +80,34 @@ func (p *Partial) checkpoint() error {
 	}
 	p.recorded.Store(true)
 	return nil
+}
+
+// progress snapshots the hash state and the ranges done as one state: with
+// hashMu held the hash cannot advance, and it only ever covers bytes already
+// done, so the record never hashes a byte it does not record as written (a
+// resume would fetch that byte again and never hash it). It also reports
+// whether the download was committed.
+func (p *Partial) progress() (partialRecord, bool, error) {
+	p.hashMu.Lock()
+	defer p.hashMu.Unlock()
+	m, ok := p.hasher.(encoding.BinaryMarshaler)
+	if !ok {
+		return partialRecord{}, false, fmt.Errorf("%s: hash state cannot be saved", p.digest.Algorithm())
+	}
+	state, err := m.MarshalBinary()
+	if err != nil {
+		return partialRecord{}, false, err
+	}
+	rec := partialRecord{Hashed: p.hashed.Load(), HashState: state}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rec.Size = p.size
+	rec.Done = make([][2]int64, 0, len(p.done))
+	for _, s := range p.done {
+		rec.Done = append(rec.Done, [2]int64{s.start, s.end})
+	}
+	p.unsaved, p.savedAt = 0, time.Now()
+	return rec, p.committed != "", nil
 }
 
 // dropRecord removes the progress record, if one was written.
@@ -125,17 +137,24 @@ func (s *Store) resume(ctx context.Context, d digest.Digest, size int64) (*Parti
 	if !ok || u.UnmarshalBinary(rec.HashState) != nil {
 		return discard("its hash state cannot be restored")
 	}
+	var done spans
+	for _, r := range rec.Done {
+		done.add(r[0], r[1])
+	}
+	if rec.Hashed < 0 || rec.Hashed > done.contiguous(0) {
+		return discard(fmt.Sprintf("its hash covers %d bytes, only %d are recorded as written", rec.Hashed, done.contiguous(0)))
+	}
 	f, err := os.OpenFile(s.partialPath(d), os.O_RDWR, 0)
 	if err != nil {
 		return discard(err.Error())
 	}
 	p := newPartial(s, d, f)
-	p.size, p.hasher = rec.Size, h
+	p.size, p.hasher, p.done = rec.Size, h, done
 	p.hashed.Store(rec.Hashed)
+	// The sum of the restored state commits to exactly the bytes it hashed,
+	// and their count; Commit compares it with a hash of the file's prefix.
+	p.resumedHashed, p.resumedSum = rec.Hashed, h.Sum(nil)
 	p.recorded.Store(true)
-	for _, r := range rec.Done {
-		p.done.add(r[0], r[1])
-	}
 	s.log.Info("resuming a partial download", "digest", d, "size", rec.Size, "have", p.done.total())
 	return p, true
 }

@@ -10,9 +10,10 @@
 //	│       └── ab/
 //	│           └── ab12…ef          verified content, named by its hex digest
 //	├── partial/
-//	│   └── sha256-ab12…ef           a blob being downloaded, written at its offsets
+//	│   ├── sha256-ab12…ef           a blob being downloaded, written at its offsets
+//	│   └── put-…                    a small blob being stored whole (PutBlob)
 //	└── meta/                         Badger: tags, media types, sizes, last access,
-//	                                  download progress
+//	                                  declared sizes, download progress
 //
 // A blob reaches blobs/ only by rename after its size and digest have been
 // checked, so a file there is always complete and correct. Files in partial/
@@ -21,6 +22,12 @@
 // running hash) is checkpointed in Badger under partial/<digest>, so a
 // restart, even after kill -9, resumes it; a partial file without such a
 // record is removed at Open.
+//
+// Each byte of a partial file is written once: concurrent writers claim
+// ranges before writing, and bytes written or claimed are not written again.
+// The running hash covers only bytes recorded as written, and a checkpoint
+// saves it with those ranges as one state. What a resumed download's saved
+// hash covers is read back from the file and checked before commit.
 //
 // The package imports neither proxy nor upstream.
 package storage

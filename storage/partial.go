@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -34,8 +35,10 @@ type Partial struct {
 	fi     os.FileInfo // f's identity, which Open checks
 
 	mu        sync.Mutex
-	size      int64 // -1 until known
-	done      spans
+	size      int64         // -1 until known
+	done      spans         // in the file; never written again
+	writing   spans         // claimed by a WriteAt under way, not yet done
+	started   bool          // a WriteAt of this Partial has put or found its bytes in the file
 	changed   chan struct{} // closed and replaced on a change, if watched
 	watched   bool          // a waiter holds changed
 	wanted    []int64       // offsets readers wait at, one entry per waiting reader
@@ -44,11 +47,18 @@ type Partial struct {
 	discarded bool          // failed with bytes not to be trusted: none is handed out any more
 
 	// The running hash is the writers' alone; readers never take hashMu,
-	// and writers only try it: whoever holds it hashes for everyone.
+	// and writers only try it: whoever holds it hashes for everyone. It
+	// covers only bytes already in done (hashed <= done's contiguous prefix),
+	// and hashMu is taken before mu, never after.
 	hashMu sync.Mutex
 	hasher hash.Hash
 	hashed atomic.Int64 // written under hashMu; read without it
 	buf    []byte       // catch-up buffer for hashing bytes written out of order
+
+	// A resumed download's hash of [0, resumedHashed) comes from the record,
+	// not from the file; Commit checks the file still holds those bytes.
+	resumedHashed int64
+	resumedSum    []byte // the recorded hash state's sum over that prefix
 
 	// Progress checkpoints (see checkpoint.go).
 	unsaved       int64       // bytes written since the last checkpoint; under mu
@@ -136,48 +146,95 @@ func (p *Partial) SetSize(n int64) error {
 	return nil
 }
 
-// WriteAt writes b at off and marks it done. Bytes already written are
-// left as they are, whatever b holds there: the running hash has covered
-// them, so the file must keep them (a stream restarted from byte 0, or
-// another endpoint, cannot slip different bytes under a verified hash).
-// Bytes beyond the blob's size are refused with ErrSizeMismatch. It returns
-// len(b) when every byte is in the file.
+// WriteAt writes b at off and marks it done. No byte of the file is
+// written twice: bytes already written, or being written by a concurrent
+// call, are left to that write, whatever b holds there. The running hash
+// covers the bytes in the file, so the file must keep them (a stream
+// restarted from byte 0, or another endpoint, cannot slip different bytes
+// under a verified hash). Bytes beyond the blob's size are refused with
+// ErrSizeMismatch.
+//
+// It returns len(b) when every byte of b is in the file or claimed by
+// another call; if that call fails, its bytes are missing again (see
+// Missing). On an error it returns how many bytes from the start of b were
+// dealt with that way.
 func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
 	end := off + int64(len(b))
 	var buf [4]span // gaps without an allocation, in the usual case of one
 	p.mu.Lock()
 	size := p.size
-	gaps := p.done.gaps(buf[:0], off, end)
-	p.mu.Unlock()
 	if size >= 0 && end > size {
+		p.mu.Unlock()
 		return 0, fmt.Errorf("writing %s at %d-%d: past its %d bytes: %w", p.digest, off, end-1, size, ErrSizeMismatch)
 	}
-	for _, g := range gaps {
-		if err := p.writeSpan(b[g.start-off:g.end-off], g.start); err != nil {
-			return int(g.start - off), err
+	gaps := p.claimLocked(buf[:0], off, end)
+	p.mu.Unlock()
+	for i, g := range gaps {
+		n, err := p.writeSpan(b[g.start-off:g.end-off], g.start)
+		if err != nil {
+			p.release(gaps[i+1:])
+			return int(g.start-off) + n, err
 		}
 	}
 	return len(b), nil
 }
 
-// writeSpan writes b, none of which is written yet, at off.
-func (p *Partial) writeSpan(b []byte, off int64) error {
-	n, err := p.f.WriteAt(b, off)
-	if n > 0 {
-		// The bytes at the hash's frontier are hashed from b, sparing a read.
-		if h := p.hashed.Load(); off <= h && h < off+int64(n) && p.hashMu.TryLock() {
-			if h := p.hashed.Load(); off <= h && h < off+int64(n) {
-				p.hasher.Write(b[h-off : n])
-				p.hashed.Store(off + int64(n))
-			}
-			p.hashMu.Unlock()
+// claimLocked appends to dst the parts of [start, end) neither done nor
+// being written, and marks them as being written by the caller. Called with
+// mu held.
+func (p *Partial) claimLocked(dst []span, start, end int64) []span {
+	from := len(dst)
+	for off := start; off < end; {
+		a, z := p.done.gap(off, end)
+		if a >= z {
+			break
 		}
+		dst = p.writing.gaps(dst, a, z)
+		off = z
+	}
+	for _, g := range dst[from:] {
+		p.writing.add(g.start, g.end)
+	}
+	if len(dst) == from && start < end && !p.started {
+		// Nothing to write: if it is all in the file already (a resumed
+		// download's upstream sending bytes it has), the upstream answered.
+		if a, z := p.done.gap(start, end); a >= z {
+			p.started = true
+			p.notifyLocked()
+		}
+	}
+	return dst
+}
 
-		p.mu.Lock()
+// release gives up claims on spans that were not written, so they are
+// missing again.
+func (p *Partial) release(gaps []span) {
+	if len(gaps) == 0 {
+		return
+	}
+	p.mu.Lock()
+	for _, g := range gaps {
+		p.writing.remove(g.start, g.end)
+	}
+	p.mu.Unlock()
+}
+
+// writeSpan writes b, a span the caller claimed, at off. It marks the bytes
+// written done before hashing them, so the hash never covers bytes a
+// checkpoint does not record, and releases the claim on the rest. It returns
+// how many bytes it wrote.
+func (p *Partial) writeSpan(b []byte, off int64) (int, error) {
+	n, err := p.f.WriteAt(b, off)
+	p.mu.Lock()
+	p.writing.remove(off, off+int64(len(b)))
+	if n > 0 {
 		p.done.add(off, off+int64(n))
+		p.started = true
 		p.notifyLocked()
-		p.mu.Unlock()
-
+	}
+	p.mu.Unlock()
+	if n > 0 {
+		p.hashWritten(b[:n], off)
 		if err == nil {
 			err = p.catchUpHash()
 		}
@@ -186,9 +243,22 @@ func (p *Partial) writeSpan(b []byte, off int64) error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("writing %s at %d: %w", p.digest, off, err)
+		return n, fmt.Errorf("writing %s at %d: %w", p.digest, off, err)
 	}
-	return nil
+	return n, nil
+}
+
+// hashWritten hashes b, just written at off and marked done, if it extends
+// the hashed prefix: the bytes are in hand, sparing a read.
+func (p *Partial) hashWritten(b []byte, off int64) {
+	end := off + int64(len(b))
+	if h := p.hashed.Load(); off <= h && h < end && p.hashMu.TryLock() {
+		if h := p.hashed.Load(); off <= h && h < end {
+			p.hasher.Write(b[h-off:])
+			p.hashed.Store(end)
+		}
+		p.hashMu.Unlock()
+	}
 }
 
 // catchUpHash hashes bytes that were written ahead of the hashed prefix and
@@ -227,6 +297,7 @@ func (p *Partial) hashToLocked(prefix int64) error {
 
 // Missing returns the first range at or after off not yet written, as
 // [start, end); start == end when nothing is missing or the size is unknown.
+// Bytes a WriteAt is writing count as missing until they are done.
 func (p *Partial) Missing(off int64) (start, end int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -302,11 +373,37 @@ func (p *Partial) verify() error {
 	} else if fi.Size() != size {
 		return fmt.Errorf("committing %s: file holds %d bytes, not %d: %w", p.digest, fi.Size(), size, ErrSizeMismatch)
 	}
+	if err := p.checkResumedPrefix(); err != nil {
+		return err
+	}
 	p.hashMu.Lock()
 	got := digest.NewDigest(p.digest.Algorithm(), p.hasher)
 	p.hashMu.Unlock()
 	if got != p.digest {
 		return fmt.Errorf("committing %s: the %d bytes received hash to %s: %w", p.digest, size, got, ErrDigestMismatch)
+	}
+	return nil
+}
+
+// checkResumedPrefix re-reads the prefix a resumed download's hash took from
+// its record: that state vouches for the bytes written before the restart,
+// not for what the file holds now (an edit, a bad sector while the server was
+// down). Only that prefix is read: every byte after it was hashed in this run
+// as written, or read back from the file, so the digest check covers it, and
+// a download that never resumed reads nothing.
+func (p *Partial) checkResumedPrefix() error {
+	if p.resumedHashed == 0 {
+		return nil
+	}
+	h := p.digest.Algorithm().Hash()
+	r := io.NewSectionReader(p.f, 0, p.resumedHashed)
+	n, err := io.CopyBuffer(h, r, make([]byte, 256<<10))
+	if err != nil {
+		return fmt.Errorf("committing %s: re-reading the resumed prefix: %w", p.digest, err)
+	}
+	if n != p.resumedHashed || !bytes.Equal(h.Sum(nil), p.resumedSum) {
+		return fmt.Errorf("committing %s: bytes 0-%d changed on disk since they were hashed before the restart (%d bytes read back): %w",
+			p.digest, p.resumedHashed-1, n, ErrDigestMismatch)
 	}
 	return nil
 }
@@ -389,6 +486,34 @@ func (p *Partial) WaitSize(ctx context.Context) (int64, error) {
 		case <-changed:
 		case <-ctx.Done():
 			return 0, ctx.Err()
+		}
+	}
+}
+
+// WaitStarted blocks until this download has written its first byte (the
+// upstream accepted the request and is sending), or was committed, and
+// returns the blob's size. It returns the download's error if it fails
+// first, or ctx's error.
+//
+// The first byte is one a WriteAt of this Partial put in the file, or a
+// WriteAt whose bytes were all in it already; bytes a resume found on disk
+// do not count. When the size is not known yet, it waits for that too.
+func (p *Partial) WaitStarted(ctx context.Context) (int64, error) {
+	for {
+		p.mu.Lock()
+		size, err := p.size, p.err
+		if size >= 0 && (p.started || p.committed != "") {
+			p.mu.Unlock()
+			return size, nil
+		}
+		if err != nil {
+			p.mu.Unlock()
+			return 0, err
+		}
+		changed := p.watch()
+		p.mu.Unlock()
+		if err := p.wait(ctx, changed); err != nil {
+			return 0, err
 		}
 	}
 }

@@ -981,3 +981,145 @@ func TestPartialConcurrentReaders(t *testing.T) {
 	}
 	checkStored(t, s, d, data)
 }
+
+// TestPartialWriteAtAllocs: writing a blob in order with nobody waiting, the
+// hot path, allocates nothing per write. Not parallel: AllocsPerRun counts
+// every goroutine's allocations.
+func TestPartialWriteAtAllocs(t *testing.T) {
+	s := openStore(t)
+	const chunk, runs = 4096, 200
+	data := randomBytes(1200, chunk*(runs+1))
+	p := newTestPartial(t, s, digest.FromBytes(data), int64(len(data)))
+	off := int64(0)
+	allocs := testing.AllocsPerRun(runs, func() {
+		if _, err := p.WriteAt(data[off:off+chunk], off); err != nil {
+			t.Fatal(err)
+		}
+		off += chunk
+	})
+	if allocs != 0 {
+		t.Errorf("allocations per WriteAt: got %v, want %v", allocs, 0)
+	}
+}
+
+// TestPartialWaitStarted probes WaitStarted with a cancelled context, so a
+// wait that would block returns context.Canceled instead.
+func TestPartialWaitStarted(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	errUpstream := errors.New("upstream refused")
+	const size = 3 * HoldBack
+	data := randomBytes(1300, size)
+	blocks := context.Canceled
+	fresh := func(size int64) func(t *testing.T) *Partial {
+		return func(t *testing.T) *Partial { return newTestPartial(t, s, digest.FromString(t.Name()), size) }
+	}
+	// A download left complete on disk by an earlier run, resumed.
+	resumed := func(t *testing.T) *Partial {
+		t.Helper()
+		s := openStore(t)
+		d := digest.FromBytes(data)
+		p := newTestPartial(t, s, d, size)
+		writeSpans(t, p, data, []span{{0, size}})
+		p.Abandon(nil)
+		q := newTestPartial(t, s, d, size)
+		if got := q.Written(); got != size {
+			t.Fatalf("resumed download's Written(): got %v, want %v", got, size)
+		}
+		return q
+	}
+	for _, tc := range []struct {
+		name    string
+		start   func(t *testing.T) *Partial
+		act     func(p *Partial)
+		want    int64
+		wantErr error // nil, errUpstream, or blocks
+	}{
+		{"nothing written", fresh(size), func(*Partial) {}, 0, blocks},
+		{"size learned, nothing written", fresh(-1), func(p *Partial) { p.SetSize(size) }, 0, blocks},
+		{"a byte written", fresh(size), func(p *Partial) { p.WriteAt(data[5:6], 5) }, size, nil},
+		{"a byte written, size unknown", fresh(-1), func(p *Partial) { p.WriteAt(data[:1], 0) }, 0, blocks},
+		{"a byte written, then the size", fresh(-1), func(p *Partial) {
+			p.WriteAt(data[:1], 0)
+			p.SetSize(size)
+		}, size, nil},
+		{"an empty write", fresh(size), func(p *Partial) { p.WriteAt(nil, 0) }, 0, blocks},
+		{"a write refused past the size", fresh(1), func(p *Partial) { p.WriteAt(data[:2], 0) }, 0, blocks},
+		{"failed", fresh(size), func(p *Partial) { p.Fail(errUpstream) }, 0, errUpstream},
+		{"abandoned", fresh(size), func(p *Partial) { p.Abandon(errUpstream) }, 0, errUpstream},
+		{"failed after a byte", fresh(size), func(p *Partial) {
+			p.WriteAt(data[:1], 0)
+			p.Fail(errUpstream)
+		}, size, nil},
+		{"resumed, nothing written", resumed, func(*Partial) {}, 0, blocks},
+		{"resumed, upstream resends bytes on disk", resumed, func(p *Partial) { p.WriteAt(data[:10], 0) }, size, nil},
+		{"resumed, committed", resumed, func(p *Partial) { p.Commit(context.Background()) }, size, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p := tc.start(t)
+			if n, err := p.WaitStarted(cancelledContext()); !errors.Is(err, blocks) {
+				t.Fatalf("WaitStarted before anything happened: got %v, %v, want it to block", n, err)
+			}
+			tc.act(p)
+			n, err := p.WaitStarted(cancelledContext())
+			if n != tc.want || !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+				t.Errorf("WaitStarted: got %v, %v, want %v, %v", n, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestPartialWaitStartedWakes: a waiter is woken by the first byte, by the
+// size learned after it, and by a failure.
+func TestPartialWaitStartedWakes(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	errUpstream := errors.New("upstream refused")
+	for _, tc := range []struct {
+		name    string
+		size    int64
+		act     func(p *Partial)
+		want    int64
+		wantErr error
+	}{
+		{"first byte", 10, func(p *Partial) { p.WriteAt([]byte("x"), 3) }, 10, nil},
+		{"size after the first byte", -1, func(p *Partial) {
+			p.WriteAt([]byte("x"), 3)
+			synctest.Wait() // still waiting: a byte is no size
+			p.SetSize(10)
+		}, 10, nil},
+		{"failure", 10, func(p *Partial) { p.Fail(errUpstream) }, 0, errUpstream},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				p, err := s.NewPartial(t.Context(), digest.FromString(tc.name), tc.size)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer p.Fail(nil)
+				type result struct {
+					n   int64
+					err error
+				}
+				done := make(chan result, 1)
+				go func() {
+					n, err := p.WaitStarted(t.Context())
+					done <- result{n, err}
+				}()
+				synctest.Wait()
+				tc.act(p)
+				synctest.Wait()
+				select {
+				case r := <-done:
+					if r.n != tc.want || !errors.Is(r.err, tc.wantErr) || (tc.wantErr == nil && r.err != nil) {
+						t.Errorf("WaitStarted: got %v, %v, want %v, %v", r.n, r.err, tc.want, tc.wantErr)
+					}
+				default:
+					t.Fatalf("WaitStarted: still blocked, want %v, %v", tc.want, tc.wantErr)
+				}
+			})
+		})
+	}
+}

@@ -89,3 +89,36 @@ func (s spans) gaps(dst []span, start, end int64) []span {
 	}
 	return out
 }
+
+// remove deletes [start, end) from s, splitting a range that straddles it.
+func (s *spans) remove(start, end int64) {
+	if start >= end {
+		return
+	}
+	r := *s
+	// First range that ends after start: everything before it is untouched.
+	i, _ := slices.BinarySearchFunc(r, start, func(x span, t int64) int {
+		if x.end <= t {
+			return -1
+		}
+		return 1
+	})
+	j := i
+	for j < len(r) && r[j].start < end {
+		j++
+	}
+	if i == j {
+		return
+	}
+	left, right := span{r[i].start, start}, span{end, r[j-1].end}
+	switch {
+	case left.start < left.end && right.start < right.end:
+		*s = slices.Replace(r, i, j, left, right)
+	case left.start < left.end:
+		*s = slices.Replace(r, i, j, left)
+	case right.start < right.end:
+		*s = slices.Replace(r, i, j, right)
+	default:
+		*s = slices.Delete(r, i, j)
+	}
+}

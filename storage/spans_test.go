@@ -44,3 +44,35 @@ func TestSpansContiguous(t *testing.T) {
 		}
 	}
 }
+
+func TestSpansRemove(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		s      spans
+		remove span
+		want   spans
+	}{
+		{"empty set", nil, span{0, 10}, nil},
+		{"empty range", spans{{0, 10}}, span{5, 5}, spans{{0, 10}}},
+		{"whole range", spans{{0, 10}, {20, 30}}, span{0, 10}, spans{{20, 30}}},
+		{"middle splits", spans{{0, 30}}, span{10, 20}, spans{{0, 10}, {20, 30}}},
+		{"head", spans{{0, 30}}, span{0, 10}, spans{{10, 30}}},
+		{"tail", spans{{0, 30}}, span{20, 30}, spans{{0, 20}}},
+		{"in a gap", spans{{0, 10}, {20, 30}}, span{10, 20}, spans{{0, 10}, {20, 30}}},
+		{"across ranges", spans{{0, 10}, {20, 30}, {40, 50}}, span{5, 45}, spans{{0, 5}, {45, 50}}},
+		{"covers all", spans{{0, 10}, {20, 30}}, span{0, 30}, nil},
+		{"past the last", spans{{0, 10}}, span{10, 20}, spans{{0, 10}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := slices.Clone(tc.s)
+			s.remove(tc.remove.start, tc.remove.end)
+			if len(s) == 0 && len(tc.want) == 0 {
+				return
+			}
+			if !slices.Equal(s, tc.want) {
+				t.Errorf("got %v, want %v", s, tc.want)
+			}
+		})
+	}
+}

@@ -39,13 +39,12 @@ type config struct {
 	log *slog.Logger
 }
 
-// WithLogger sets the logger. Default: slog.Default().
+// WithLogger sets the logger. Default (and for nil): slog.Default().
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
-		if l == nil {
-			return errors.New("nil logger")
+		if l != nil {
+			c.log = l
 		}
-		c.log = l
 		return nil
 	}
 }
