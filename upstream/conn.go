@@ -16,7 +16,9 @@ import (
 type FetchConfig struct {
 	// Budget is the initial byte budget of one connection: a chunk is at most
 	// this long and gets a connection of its own. Default 1 MiB, below the
-	// smallest session cut seen on degraded carrier paths (1.3 MB).
+	// smallest session cut seen on degraded carrier paths (1.3 MB). A
+	// kept-alive manifest, HEAD or token connection is retired once it has
+	// carried half the budget (see metaconn.go).
 	Budget int64
 	// MaxBudget is the ceiling an adaptive budget grows to on a clean path.
 	// Default 64 MiB. Set it equal to Budget for a fixed budget.

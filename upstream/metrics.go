@@ -14,6 +14,7 @@ type Metrics struct {
 	budget    *prometheus.GaugeVec
 	cuts      *prometheus.CounterVec
 	chunks    *prometheus.CounterVec
+	retries   *prometheus.CounterVec
 
 	rateRemaining *prometheus.GaugeVec
 	rateLimit     *prometheus.GaugeVec
@@ -38,8 +39,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}, []string{"upstream", "endpoint"})
 	m.cuts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pullproxy_upstream_connection_cuts_total",
-		Help: "Chunk connections that died before their chunk was complete, by kind: reset, eof (closed early), stall (went silent), error.",
+		Help: "Chunk and metadata connections that died before their answer was complete, by kind: reset, eof (closed early), stall (went silent), error.",
 	}, []string{"upstream", "endpoint", "kind"})
+	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pullproxy_upstream_retries_total",
+		Help: "Manifest, HEAD and token requests sent again on a fresh connection after theirs failed before a complete answer, by reason: reset, eof, stall, error, or retired (a new connection already past its byte budget).",
+	}, []string{"upstream", "reason"})
 	m.chunks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pullproxy_upstream_chunks_total",
 		Help: "Blob chunks requested from endpoints, by result: complete, cut, failed (no byte received).",
@@ -56,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "pullproxy_upstream_endpoint_up",
 		Help: "1 while an endpoint is in use, 0 while it is left aside after failing (it is probed again later).",
 	}, []string{"upstream", "endpoint"})
-	for _, c := range []prometheus.Collector{m.requests, m.blobBytes, m.budget, m.cuts, m.chunks,
+	for _, c := range []prometheus.Collector{m.requests, m.blobBytes, m.budget, m.cuts, m.chunks, m.retries,
 		m.rateRemaining, m.rateLimit, m.endpointUp} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -52,11 +52,13 @@ type Registry struct {
 	// the first carry a token up front instead of collecting a 401 each.
 	challenges sync.Map // host → challenge
 	limit      rateLimit
+	corrupt    corruptBlobs // blobs that failed verification, by endpoint
 
 	buffers sync.Pool // *[]byte of fetchBufferSize, one per running fetch
 }
 
-// Option configures a Registry.
+// Option configures a Registry. An option given a nil value is as if it
+// were not given: the default applies.
 type Option func(*options) error
 
 type options struct {
@@ -76,7 +78,12 @@ func WithTransport(rt http.RoundTripper) Option {
 
 // WithLogger sets the logger. Default: slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(o *options) error { o.log = l; return nil }
+	return func(o *options) error {
+		if l != nil {
+			o.log = l
+		}
+		return nil
+	}
 }
 
 // WithMetrics sets where metrics are counted. Default: metrics registered nowhere.
@@ -188,6 +195,9 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		})
 		r.endpoints[len(r.endpoints)-1].up.Set(1)
 	}
+	// Set once the endpoints are known: it holds each connection to its
+	// endpoint's budget. The token cache shares the client.
+	r.client.Transport = r.newMetaTransport(o.transport)
 	return r, nil
 }
 
@@ -353,6 +363,7 @@ func (r *Registry) refusedCredentials(ep *endpoint, q request) func(*http.Respon
 		}
 		e := r.statusError(ep.host, q.op(), resp)
 		resp.Body.Close()
+		e.Err = ErrCredentialsRefused
 		e.Message = "the credentials configured for " + ep.name() + " were refused (the registry says: " + e.Message + ")"
 		return nil, e
 	}
