@@ -351,7 +351,7 @@ func TestBearerFlow(t *testing.T) {
 			t.Errorf("GetManifest %d: got %s, want %s", i, body, g.manifest)
 		}
 		w := newMemBlobWriter(-1)
-		if err := r.FetchBlob(ctx, repo, digest.FromBytes(g.blob), w); err != nil {
+		if _, err := r.FetchBlob(ctx, repo, digest.FromBytes(g.blob), w); err != nil {
 			t.Fatalf("FetchBlob %d: got %v, want no error", i, err)
 		}
 		if string(w.Bytes()) != string(g.blob) {
@@ -558,7 +558,7 @@ func TestBearerTokenServerFailure(t *testing.T) {
 			want := 2
 			if tt.kind == ErrUnauthorized { // not retried, so quick to check on the blob path too
 				w := newMemBlobWriter(-1)
-				err := r.FetchBlob(ctx, "library/alpine", digest.FromString("x"), w)
+				_, err := r.FetchBlob(ctx, "library/alpine", digest.FromString("x"), w)
 				checkKind(t, err, tt.kind)
 				errs = append(errs, err)
 				want++

@@ -55,7 +55,7 @@ func TestFetchBlobChunksWithinBudget(t *testing.T) {
 	srv := newCountingServer(t, s)
 	r := newFetchRegistry(t, fixedBudget(budget, 4), []string{srv.URL})
 	w := newMemBlobWriter(-1)
-	if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
 	checkBlob(t, w, blob)
@@ -99,7 +99,7 @@ func TestFetchBlobLearnsBudgetFromCuts(t *testing.T) {
 	cfg := FetchConfig{Budget: initial, MinBudget: 16 << 10, MaxBudget: 4 << 20, Parallel: parallel}
 	r := newFetchRegistry(t, cfg, []string{srv.URL}, WithMetrics(m))
 	w := newMemBlobWriter(-1)
-	if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
 	checkBlob(t, w, blob)
@@ -162,7 +162,7 @@ func TestFetchBlobBudgetAdapts(t *testing.T) {
 			cfg := FetchConfig{Budget: initial, MinBudget: initial, MaxBudget: tt.maxBudget, Parallel: 1}
 			r := newFetchRegistry(t, cfg, []string{srv.URL}, WithMetrics(m))
 			w := newMemBlobWriter(-1)
-			if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
@@ -225,7 +225,7 @@ func TestFetchBlobStallResumes(t *testing.T) {
 	m, reg := newTestMetrics(t)
 	r := newFetchRegistry(t, FetchConfig{Parallel: 1, StallTimeout: 200 * time.Millisecond}, []string{srv.URL}, WithMetrics(m))
 	w := newMemBlobWriter(-1)
-	if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
 	checkBlob(t, w, blob)
@@ -276,7 +276,7 @@ func TestFetchBlobRangeIgnored(t *testing.T) {
 			if tt.known {
 				w = newMemBlobWriter(size)
 			}
-			if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
@@ -321,7 +321,7 @@ func TestFetchBlobUpstreamLarger(t *testing.T) {
 			logger := slog.New(slog.NewTextHandler(&logs, nil))
 			r := newFetchRegistry(t, fixedBudget(budget, 0), []string{srv.URL}, WithLogger(logger))
 			w := newMemBlobWriter(declared)
-			if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
@@ -361,7 +361,7 @@ func TestFetchBlobWantedFirst(t *testing.T) {
 			r := newFetchRegistry(t, fixedBudget(budget, 1), []string{srv.URL})
 			w := newPrefilled(t, -1, blob, tt.prefill)
 			w.wanted = tt.wanted
-			if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
@@ -471,7 +471,7 @@ func TestFetchBlobMaxConnections(t *testing.T) {
 		writers := make([]*memBlobWriter, len(blobs))
 		for i, b := range blobs {
 			writers[i] = newMemBlobWriter(-1)
-			go func() { errs <- r.FetchBlob(t.Context(), "org/app", digest.FromBytes(b), writers[i]) }()
+			go func() { _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(b), writers[i]); errs <- err }()
 		}
 		gate.drive(t, errs, len(blobs), maxConns)
 		if _, peak := gate.count(); peak != maxConns {
@@ -501,7 +501,7 @@ func TestFetchBlobParallelWithoutHeadSize(t *testing.T) {
 		r := newMemFetchRegistry(t, memNet{"registry.test": handlerRT{gate}}, fixedBudget(8<<10, parallel), "https://registry.test")
 		w := newMemBlobWriter(-1)
 		errs := make(chan error, 1)
-		go func() { errs <- r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w) }()
+		go func() { _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); errs <- err }()
 		gate.drive(t, errs, 1, parallel)
 		if _, peak := gate.count(); peak != parallel {
 			t.Errorf("most GETs in flight at once: got %v, want %v", peak, parallel)
@@ -535,7 +535,7 @@ func TestFetchBlobHeadFailureRetried(t *testing.T) {
 		})
 		r := newMemFetchRegistry(t, memNet{"registry.test": rt}, FetchConfig{Parallel: 1}, "https://registry.test")
 		w := newMemBlobWriter(-1)
-		if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+		if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 			t.Fatalf("got %v, want no error", err)
 		}
 		checkBlob(t, w, blob)
@@ -577,7 +577,7 @@ func TestFetchBlobCancelKeepsBudget(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	w := cancellingWriter{memBlobWriter: newMemBlobWriter(-1), at: 100_000, cancel: cancel}
-	if err := r.FetchBlob(ctx, "org/app", digest.FromBytes(blob), w); !errors.Is(err, context.Canceled) {
+	if _, err := r.FetchBlob(ctx, "org/app", digest.FromBytes(blob), w); !errors.Is(err, context.Canceled) {
 		t.Fatalf("got %v, want %v", err, context.Canceled)
 	}
 	if got := r.endpoints[0].budget.get(); got != initial {
@@ -617,12 +617,16 @@ func TestFetchBlobProbeFreedOnCancel(t *testing.T) {
 		// for it and is cancelled.
 		smallDone := make(chan error, 1)
 		go func() {
-			smallDone <- r.FetchBlob(t.Context(), "org/app", digest.FromBytes(small), newMemBlobWriter(-1))
+			_, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(small), newMemBlobWriter(-1))
+			smallDone <- err
 		}()
 		synctest.Wait()
 		ctx, cancel := context.WithCancel(t.Context())
 		largeDone := make(chan error, 1)
-		go func() { largeDone <- r.FetchBlob(ctx, "org/app", digest.FromBytes(large), newMemBlobWriter(-1)) }()
+		go func() {
+			_, err := r.FetchBlob(ctx, "org/app", digest.FromBytes(large), newMemBlobWriter(-1))
+			largeDone <- err
+		}()
 		synctest.Wait()
 		cancel()
 		if err := <-largeDone; !errors.Is(err, context.Canceled) {
@@ -635,7 +639,7 @@ func TestFetchBlobProbeFreedOnCancel(t *testing.T) {
 
 		// The next fetch probes: its first chunk asks for twice the budget.
 		w := newMemBlobWriter(-1)
-		if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(large), w); err != nil {
+		if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(large), w); err != nil {
 			t.Fatalf("got %v, want no error", err)
 		}
 		checkBlob(t, w, large)
@@ -649,44 +653,46 @@ func TestFetchBlobProbeFreedOnCancel(t *testing.T) {
 	})
 }
 
-// TestFetchBlobExcludeEndpoints: a blob fetched again after an endpoint
-// served it corrupt avoids that endpoint, whatever the health order; the
-// endpoint that completed a fetch is reported.
-func TestFetchBlobExcludeEndpoints(t *testing.T) {
+// TestFetchBlobAvoidsCorruptEndpoints: once an endpoint is reported to have
+// served a blob corrupt, the blob is fetched from the others, whatever the
+// health order; with none left FetchBlob fails at once, asking nobody, and
+// says which endpoint served it corrupt and what was found. The endpoint that
+// completed a fetch is returned.
+func TestFetchBlobAvoidsCorruptEndpoints(t *testing.T) {
 	t.Parallel()
 	blob := randomBlob(5000)
 	corrupt := slices.Clone(blob)
 	corrupt[100] ^= 0xff
+	cause := fmt.Errorf("the 5000 bytes received hash to %s: %w", digest.FromBytes(corrupt), errors.New("digest mismatch"))
 	tests := []struct {
-		name      string
-		exclude   []int // endpoint indexes
-		want      []byte
-		served    int // endpoint index reported; -1: none
-		firstUsed bool
+		name     string
+		reported []int // endpoint indexes reported corrupt
+		want     []byte
+		served   int // endpoint index returned; -1: none
+		asked    [2]bool
 	}{
-		{"none excluded", nil, corrupt, 0, true},
-		{"the first excluded", []int{0}, blob, 1, false},
-		{"all excluded", []int{0, 1}, nil, -1, false},
+		{"none reported", nil, corrupt, 0, [2]bool{true, false}},
+		{"the first reported", []int{0}, blob, 1, [2]bool{false, true}},
+		{"both reported", []int{0, 1}, nil, -1, [2]bool{false, false}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			first, second := &rangeServer{blob: corrupt}, &rangeServer{blob: blob}
-			s1, s2 := httptest.NewServer(first), httptest.NewServer(second)
+			servers := [2]*rangeServer{{blob: corrupt}, {blob: blob}}
+			s1, s2 := httptest.NewServer(servers[0]), httptest.NewServer(servers[1])
 			t.Cleanup(s1.Close)
 			t.Cleanup(s2.Close)
 			r := newTestRegistry(t, s1.URL, s2.URL)
-			var exclude []string
-			for _, i := range tt.exclude {
-				exclude = append(exclude, r.Endpoints()[i])
+			d := digest.FromBytes(blob)
+			for _, i := range tt.reported {
+				r.ReportCorrupt(d, r.Endpoints()[i], cause)
 			}
-			served := ""
 			w := newMemBlobWriter(-1)
-			err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w, ExcludeEndpoints(exclude...),
-				ReportEndpoint(func(ep string) { served = ep }))
+			served, err := r.FetchBlob(t.Context(), "org/app", d, w)
 			if tt.want == nil {
-				if err == nil {
-					t.Errorf("got no error, want one")
+				if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), cause.Error()) ||
+					!strings.Contains(err.Error(), "corrupt") {
+					t.Errorf("got %v, want ErrInvalid saying the blob was served corrupt and what was found", err)
 				}
 			} else {
 				if err != nil {
@@ -699,10 +705,12 @@ func TestFetchBlobExcludeEndpoints(t *testing.T) {
 				wantServed = r.Endpoints()[tt.served]
 			}
 			if served != wantServed {
-				t.Errorf("endpoint reported: got %q, want %q", served, wantServed)
+				t.Errorf("endpoint returned: got %q, want %q", served, wantServed)
 			}
-			if got := len(first.all()) > 0; got != tt.firstUsed {
-				t.Errorf("first endpoint asked: got %v, want %v", got, tt.firstUsed)
+			for i, s := range servers {
+				if got := len(s.all()) > 0; got != tt.asked[i] {
+					t.Errorf("endpoint %d asked: got %v, want %v", i, got, tt.asked[i])
+				}
 			}
 		})
 	}

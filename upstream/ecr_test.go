@@ -116,7 +116,7 @@ func (e *ecrEnv) pull(t *testing.T, r *Registry) error {
 		return err
 	}
 	for _, d := range e.digests {
-		if err := r.FetchBlob(t.Context(), "team/app", d, newMemBlobWriter(-1)); err != nil {
+		if _, err := r.FetchBlob(t.Context(), "team/app", d, newMemBlobWriter(-1)); err != nil {
 			return err
 		}
 	}

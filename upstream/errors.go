@@ -26,6 +26,11 @@ var (
 	// ErrInvalid: the upstream answered with something that breaks the protocol
 	// (wrong digest, size over the limit, unexpected status).
 	ErrInvalid = errors.New("invalid response")
+
+	// ErrCredentialsRefused is the cause of an ErrUnauthorized or ErrDenied
+	// when the request carried credentials from the configuration: the fix
+	// is those credentials, not configuring some.
+	ErrCredentialsRefused = errors.New("the configured credentials were refused")
 )
 
 // Error is a failed exchange with an upstream: where, what, and why.

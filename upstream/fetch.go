@@ -39,62 +39,27 @@ type BlobWriter interface {
 // fetchBufferSize is the read size on the blob path, pooled per chunk.
 const fetchBufferSize = 256 << 10
 
-// FetchOption adjusts one FetchBlob call.
-type FetchOption func(*fetchOptions)
-
-type fetchOptions struct {
-	exclude map[string]bool
-	served  func(endpoint string)
-}
-
-// ExcludeEndpoints keeps FetchBlob away from the given endpoints (as
-// Endpoints names them): to fetch a blob again from elsewhere after one
-// served it corrupt.
-func ExcludeEndpoints(endpoints ...string) FetchOption {
-	return func(o *fetchOptions) {
-		for _, e := range endpoints {
-			o.exclude[e] = true
-		}
-	}
-}
-
-// ReportEndpoint has FetchBlob tell fn which endpoint (as Endpoints names
-// it) completed the blob, before it returns.
-func ReportEndpoint(fn func(endpoint string)) FetchOption {
-	return func(o *fetchOptions) { o.served = fn }
-}
-
 // FetchBlob writes blob d of repo into w as HTTP Range requests of at most
 // one connection budget each, several at once, each on a connection of its
 // own. A chunk cut short is re-requested from its first missing byte; an
-// endpoint that keeps failing is left for the next one. The digest is not
-// checked here: w's owner does that once every byte is in.
-func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter, opts ...FetchOption) error {
-	o := fetchOptions{exclude: map[string]bool{}}
-	for _, opt := range opts {
-		opt(&o)
-	}
-	var eps []*endpoint
-	for _, ep := range r.endpoints {
-		if !o.exclude[ep.url.Redacted()] {
-			eps = append(eps, ep)
-		}
-	}
-	if len(eps) == 0 {
-		return fmt.Errorf("fetching %s: no endpoint left after excluding %d", d, len(o.exclude))
+// endpoint that keeps failing is left for the next one. It returns the
+// endpoint (as Endpoints names it) that completed the blob. The digest is
+// not checked here: w's owner does that once every byte is in, and reports
+// a mismatch with ReportCorrupt.
+func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter) (string, error) {
+	eps, err := r.usableFor(repo, d)
+	if err != nil {
+		return "", err
 	}
 	eps = r.ordered(eps)
-	var err error
 	for i, ep := range eps {
 		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w}
-		if err = f.run(ctx); err == nil || ctx.Err() != nil {
-			if err == nil {
-				ep.markUp()
-				if o.served != nil {
-					o.served(ep.url.Redacted())
-				}
-			}
-			return err
+		if err = f.run(ctx); err == nil {
+			ep.markUp()
+			return ep.url.Redacted(), nil
+		}
+		if ctx.Err() != nil {
+			return "", err
 		}
 		if errors.Is(err, ErrUnavailable) && len(r.endpoints) > 1 {
 			ep.markFailed(r, err)
@@ -105,9 +70,9 @@ func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, 
 		}
 	}
 	if len(eps) > 1 {
-		return fmt.Errorf("fetching %s: every endpoint failed, the last with: %w", d, err)
+		return "", fmt.Errorf("fetching %s: every endpoint failed, the last with: %w", d, err)
 	}
-	return err
+	return "", err
 }
 
 // blobFetch is one blob being fetched from one endpoint.
@@ -159,10 +124,11 @@ func (f *blobFetch) learnSize(ctx context.Context) error {
 	switch {
 	case resp.StatusCode == http.StatusOK && resp.ContentLength >= 0:
 		return f.checkSize(resp.ContentLength, responseHost(resp))
-	case resp.StatusCode == http.StatusNotFound, resp.StatusCode == http.StatusUnauthorized,
-		resp.StatusCode == http.StatusForbidden, resp.StatusCode == http.StatusTooManyRequests:
-		return f.r.statusError(f.ep.host, q.op(), resp)
+	case resp.StatusCode == http.StatusTooManyRequests:
+		return f.r.statusError(f.ep.host, q.op(), resp) // asking again adds to the count
 	}
+	// A refusal (404, 401, 403) comes again with the first chunk's GET,
+	// whose body, unlike a HEAD's, gives the upstream's reason for it.
 	return nil
 }
 

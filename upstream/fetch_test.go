@@ -529,7 +529,7 @@ func TestFetchBlobWhole(t *testing.T) {
 			if tt.known {
 				w = newMemBlobWriter(int64(tt.size))
 			}
-			if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
@@ -601,7 +601,7 @@ func TestFetchBlobResume(t *testing.T) {
 				known = size
 			}
 			w := newPrefilled(t, known, blob, tt.prefill)
-			if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
@@ -621,7 +621,7 @@ func TestFetchBlobAlreadyComplete(t *testing.T) {
 	t.Cleanup(srv.Close)
 	r := newTestRegistry(t, srv.URL)
 	w := newPrefilled(t, int64(len(blob)), blob, len(blob))
-	if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
 	if got := s.getRequests(); len(got) != 0 {
@@ -663,7 +663,7 @@ func TestFetchBlobFailover(t *testing.T) {
 			if tt.known {
 				w = newMemBlobWriter(int64(len(blob)))
 			}
-			if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
@@ -714,9 +714,11 @@ func TestFetchBlobFailsAtOnce(t *testing.T) {
 		op       string // "": any operation on the blob's path
 		requests int64
 	}{
-		{"HEAD 404", statusHandler(404), nil, ErrNotFound, 404, "HEAD " + path, 1},
-		{"HEAD 403", statusHandler(403), nil, ErrDenied, 403, "HEAD " + path, 1},
-		{"HEAD 401 without a challenge", statusHandler(401), nil, ErrUnauthorized, 401, "HEAD " + path, 1},
+		// A refused HEAD is asked again as the first chunk's GET, whose body
+		// gives the upstream's reason; then nothing more.
+		{"HEAD 404", statusHandler(404), nil, ErrNotFound, 404, "GET " + path, 2},
+		{"HEAD 403", statusHandler(403), nil, ErrDenied, 403, "GET " + path, 2},
+		{"HEAD 401 without a challenge", statusHandler(401), nil, ErrUnauthorized, 401, "GET " + path, 2},
 		{"HEAD 429", statusHandler(429), nil, ErrTooManyRequests, 429, "HEAD " + path, 1},
 		{"GET 404", blobHandler(20, status(404)), nil, ErrNotFound, 404, "GET " + path, 2},
 		{"GET 401 without a challenge", blobHandler(20, status(401)), nil, ErrUnauthorized, 401, "GET " + path, 2},
@@ -742,7 +744,7 @@ func TestFetchBlobFailsAtOnce(t *testing.T) {
 				w = tt.writer(t)
 			}
 			before := w.Written()
-			err := r.FetchBlob(t.Context(), "org/app", d, w)
+			_, err := r.FetchBlob(t.Context(), "org/app", d, w)
 			checkKind(t, err, tt.kind)
 			e := asError(t, err)
 			if e.Status != tt.status {
@@ -780,7 +782,7 @@ func TestFetchBlobRedirect(t *testing.T) {
 		g.blobLocation = location
 	})
 	w := newMemBlobWriter(-1)
-	if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
 	checkBlob(t, w, blob)
@@ -850,7 +852,7 @@ func TestFetchBlobRedirectResume(t *testing.T) {
 	t.Cleanup(regSrv.Close)
 	r := newFetchRegistry(t, FetchConfig{Parallel: 1}, []string{regSrv.URL})
 	w := newMemBlobWriter(-1)
-	if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
 	checkBlob(t, w, blob)
@@ -908,7 +910,7 @@ func TestFetchBlobRedirectReused(t *testing.T) {
 			r := newFetchRegistry(t, fixedBudget(budget, tt.parallel), []string{gsrv.URL})
 
 			w := newMemBlobWriter(-1)
-			if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
@@ -1095,7 +1097,7 @@ func TestFetchBlobGivesUp(t *testing.T) {
 				r := newMemFetchRegistry(t, n, FetchConfig{Parallel: 1, MaxAttempts: tt.maxAttempts}, "https://registry.test")
 				w := newMemBlobWriter(-1)
 				start := time.Now()
-				err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w)
+				_, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w)
 				waited := time.Since(start)
 				checkKind(t, err, ErrUnavailable)
 				if e := asError(t, err); e.Status != tt.status {
@@ -1132,7 +1134,7 @@ func TestFetchBlobProgressResetsAttempts(t *testing.T) {
 		}}
 		r := newMemFetchRegistry(t, memNet{"registry.test": s}, FetchConfig{Parallel: 1, MaxAttempts: 5}, "https://registry.test")
 		w := newMemBlobWriter(-1)
-		if err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+		if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 			t.Fatalf("got %v, want no error", err)
 		}
 		checkBlob(t, w, blob)
@@ -1156,7 +1158,7 @@ func TestFetchBlobCancelledWhileBackingOff(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		start := time.Now()
-		err := r.FetchBlob(ctx, "org/app", digest.FromString("x"), newMemBlobWriter(-1))
+		_, err := r.FetchBlob(ctx, "org/app", digest.FromString("x"), newMemBlobWriter(-1))
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("got %v, want %v", err, context.DeadlineExceeded)
 		}
@@ -1190,7 +1192,7 @@ func TestFetchBlobRedirectErrorHidesQuery(t *testing.T) {
 					return response(http.StatusTemporaryRedirect, h, 0, strings.NewReader("")), nil
 				})
 				r := newMemRegistry(t, memNet{"registry.test": redirect}, "https://registry.test")
-				err := r.FetchBlob(t.Context(), "org/app", digest.FromString("x"), newMemBlobWriter(-1))
+				_, err := r.FetchBlob(t.Context(), "org/app", digest.FromString("x"), newMemBlobWriter(-1))
 				checkKind(t, err, ErrUnavailable)
 				msg := err.Error()
 				for _, secret := range []string{"SECRET", "AKIAEXAMPLE", "X-Amz"} {
@@ -1234,7 +1236,7 @@ func TestFetchBlobResumeAgainstRegistry(t *testing.T) {
 	d := digest.FromBytes(blob)
 	r := newFetchRegistry(t, fixedBudget(8<<10, 0), []string{srv.URL})
 	w := newPrefilled(t, int64(len(blob)), blob, len(blob)/2)
-	if err := r.FetchBlob(t.Context(), "org/app", d, w); err != nil {
+	if _, err := r.FetchBlob(t.Context(), "org/app", d, w); err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
 	checkBlob(t, w, blob)

@@ -157,7 +157,7 @@ func TestDegradedEndpointAvoided(t *testing.T) {
 	}
 	for i, b := range blobs {
 		w := newMemBlobWriter(-1)
-		if err := r.FetchBlob(t.Context(), "team/app", digest.FromBytes(b), w); err != nil {
+		if _, err := r.FetchBlob(t.Context(), "team/app", digest.FromBytes(b), w); err != nil {
 			t.Fatalf("blob %d: %v", i, err)
 		}
 		checkBlob(t, w, b)

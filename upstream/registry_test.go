@@ -725,7 +725,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatalf("New: %v", err)
 	}
 	w := newMemBlobWriter(-1)
-	if err := r2.FetchBlob(t.Context(), "a", digest.FromBytes(blob), w); err != nil {
+	if _, err := r2.FetchBlob(t.Context(), "a", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("FetchBlob: %v", err)
 	}
 	first, second := strings.TrimPrefix(closed, "http://"), host(srv)
@@ -813,7 +813,7 @@ func TestAgainstRegistry(t *testing.T) {
 			t.Errorf("HeadBlob: got %v, %v, want %v, nil", got, err, size)
 		}
 		w := newMemBlobWriter(-1)
-		if err := r.FetchBlob(ctx, "org/app", d, w); err != nil {
+		if _, err := r.FetchBlob(ctx, "org/app", d, w); err != nil {
 			t.Fatalf("FetchBlob: %v", err)
 		}
 		if got := digest.FromBytes(w.Bytes()); got != d {
