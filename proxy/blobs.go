@@ -29,12 +29,12 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 
 	// Twice at most: a download may commit between the lookup and the join.
 	for range 2 {
-		f, _, err := s.store.OpenBlob(ctx, d)
+		f, _, err := s.blobs.OpenBlob(ctx, d)
 		if err == nil {
 			setSource(w, "cache")
 			http.ServeContent(w, r, "", time.Time{}, f)
 			f.Close()
-			if err := s.store.Touch(ctx, d); err != nil {
+			if err := s.blobs.Touch(ctx, d); err != nil {
 				s.log.Warn("recording blob access", "digest", d, "err", err)
 			}
 			return
@@ -67,14 +67,14 @@ func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d di
 	var size int64
 	var err error
 	if p := s.downloads.lookup(d); p != nil {
-		size, err = p.WaitSize(r.Context())
+		size, err = p.WaitStarted(r.Context())
 	} else if size, err = rt.up.HeadBlob(r.Context(), rt.repo, d); err == nil && size < 0 {
 		// The upstream's HEAD gave no size: the download will learn it.
-		var p *storage.Partial
+		var p inflight
 		if p, err = s.downloads.join(r.Context(), rt, d); err == nil {
-			size, err = p.WaitSize(r.Context())
+			size, err = p.WaitStarted(r.Context())
 		} else if errors.Is(err, errStored) {
-			size, err = s.store.StatBlob(r.Context(), d)
+			size, err = s.blobs.StatBlob(r.Context(), d)
 		}
 	}
 	if err != nil {
@@ -85,13 +85,15 @@ func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d di
 	w.WriteHeader(http.StatusOK)
 }
 
-// serveDownload streams a blob from its download as its bytes land. Headers
-// and Content-Length go out once the size is known; if the download then
-// fails, the response ends short with a clean close, and the client resumes
-// with a Range request that joins or starts the next download.
-func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route, p *storage.Partial) {
+// serveDownload streams a blob from its download as its bytes land. The
+// status goes out only once the upstream has started sending the blob: a
+// refusal (404, 401, 429, …) is the client's answer too, so that it can fall
+// back to another host, rather than a 200 that ends with no byte. If the
+// download fails after that, the response ends short with a clean close, and
+// the client resumes with a Range request that joins or starts the next one.
+func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route, p inflight) {
 	ctx := r.Context()
-	size, err := p.WaitSize(ctx)
+	size, err := p.WaitStarted(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			s.fail(w, r, rt, err)
@@ -132,7 +134,7 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route,
 
 // copyAvailable copies [start, end) of the download to w, waiting for bytes
 // as they land. Copying from the *os.File lets net/http use sendfile.
-func copyAvailable(ctx context.Context, w io.Writer, f *os.File, p *storage.Partial, start, end int64) error {
+func copyAvailable(ctx context.Context, w io.Writer, f *os.File, p inflight, start, end int64) error {
 	for off := start; off < end; {
 		n, err := p.WaitAvailable(ctx, off)
 		if err != nil {

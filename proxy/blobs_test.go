@@ -272,7 +272,7 @@ func TestFailedFetchEndsResponseCleanly(t *testing.T) {
 	t.Parallel()
 	content := randomBytes(t, 2<<20)
 	b, srv := newBlobServer(t, content)
-	b.cut, b.failAfter = 512<<10, 1
+	b.cut, b.failAfter = 512<<10, 2 // the HEAD and the first chunk are answered
 	e := blobEnv(t, b, srv)
 	url := e.proxy.URL + "/v2/test/app/blobs/" + b.digest.String() + "?ns=" + upstreamName
 
@@ -297,27 +297,34 @@ func TestFailedFetchEndsResponseCleanly(t *testing.T) {
 }
 
 // TestCorruptBlobNeverCompleteNorCached: bytes that do not match their digest
-// are never delivered whole, and never cached.
+// are never delivered whole, and never cached; with no other endpoint to ask,
+// the next request is answered at once with an error that names the
+// endpoint and what was found, instead of downloading the bad bytes again.
 func TestCorruptBlobNeverCompleteNorCached(t *testing.T) {
 	t.Parallel()
 	content := randomBytes(t, 1<<20)
 	b, srv := newBlobServer(t, content)
 	b.corrupt = true
 	e := blobEnv(t, b, srv)
-	url := e.proxy.URL + "/v2/test/app/blobs/" + b.digest.String() + "?ns=" + upstreamName
-	for i := range 2 {
-		resp, err := http.Get(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err == nil && resp.StatusCode == 200 {
-			t.Fatalf("request %d: got a complete 200 response of %d bytes for a corrupt blob", i, len(got))
-		}
+	path := "/v2/test/app/blobs/" + b.digest.String() + "?ns=" + upstreamName
+	resp, err := http.Get(e.proxy.URL + path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if n := b.sent.Load(); n != 2*int64(len(content)) {
-		t.Errorf("upstream bytes: got %d, want %d (fetched twice: nothing cached)", n, 2*len(content))
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil && resp.StatusCode == 200 {
+		t.Fatalf("got a complete 200 response of %d bytes for a corrupt blob", len(got))
+	}
+
+	resp, body := e.get("GET", path, nil)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(string(body), host) ||
+		!strings.Contains(string(body), "hash to sha256:") {
+		t.Errorf("asked again: got %d %s, want 502 naming %s and the digest the bytes had", resp.StatusCode, body, host)
+	}
+	if n := b.sent.Load(); n != int64(len(content)) {
+		t.Errorf("upstream bytes: got %d, want %d (fetched once)", n, len(content))
 	}
 	if _, err := e.store.StatBlob(context.Background(), b.digest); err == nil {
 		t.Error("the corrupt blob was stored")
@@ -354,8 +361,8 @@ func TestDownloadOutlivesClient(t *testing.T) {
 	if _, err := p.WaitAvailable(ctx, int64(len(content))-1); err != nil {
 		t.Fatalf("waiting for the download to finish: %v", err)
 	}
-	if !p.Committed() {
-		t.Fatal("download finished but not committed")
+	if _, err := e.store.StatBlob(ctx, b.digest); err != nil {
+		t.Fatalf("download finished but not committed: %v", err)
 	}
 	if resp, body := e.get("GET", path, nil); resp.StatusCode != 200 || !bytes.Equal(body, content) {
 		t.Errorf("after the download: status %d, %d bytes", resp.StatusCode, len(body))

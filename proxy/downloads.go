@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"os"
 	"sync"
 	"time"
 
@@ -10,6 +11,23 @@ import (
 
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// inflight is what a client's request sees of a download: its bytes, as
+// they land. The writing side is the fetcher's: an upstream.BlobWriter.
+type inflight interface {
+	Digest() digest.Digest
+	// WaitStarted returns the blob's size once the upstream has started
+	// sending it: a response's status is decided only then.
+	WaitStarted(ctx context.Context) (int64, error)
+	WaitAvailable(ctx context.Context, off int64) (int64, error)
+	Open() (*os.File, error)
+}
+
+// The seam between a download's two sides.
+var (
+	_ inflight            = (*storage.Partial)(nil)
+	_ upstream.BlobWriter = (*storage.Partial)(nil)
 )
 
 // errShuttingDown refuses new downloads once the server is closing.
@@ -44,7 +62,7 @@ func newDownloads(s *Server, timeout time.Duration) *downloads {
 
 // join returns the download of d, starting it from rt's upstream if none is
 // running. It returns errStored if d was committed meanwhile.
-func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (*storage.Partial, error) {
+func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (inflight, error) {
 	for {
 		t.mu.Lock()
 		dl, running := t.m[d]
@@ -54,15 +72,21 @@ func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (*stora
 		}
 		t.mu.Unlock()
 		if !running {
-			return t.start(ctx, rt, d, dl, nil)
+			if err := t.start(ctx, rt, d, dl); err != nil {
+				return nil, err
+			}
+			return dl.partial, nil
 		}
 		select {
 		case <-dl.ready:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if dl.err != nil || dl.partial.Err() == nil {
-			return dl.partial, dl.err
+		if dl.err != nil {
+			return nil, dl.err
+		}
+		if dl.partial.Err() == nil {
+			return dl.partial, nil
 		}
 		// It failed and is on its way out: wait, then start afresh (from
 		// the bytes it kept).
@@ -75,19 +99,19 @@ func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (*stora
 }
 
 // start opens the partial download of d claimed by dl and runs it.
-func (t *downloads) start(ctx context.Context, rt route, d digest.Digest, dl *download, exclude []string) (*storage.Partial, error) {
+func (t *downloads) start(ctx context.Context, rt route, d digest.Digest, dl *download) error {
 	// A download that ended between the caller's store lookup and our
 	// claim committed the blob before leaving the table: look again.
-	if _, err := t.srv.store.StatBlob(ctx, d); err == nil {
+	if _, err := t.srv.blobs.StatBlob(ctx, d); err == nil {
 		dl.err = errStored
 	} else {
 		// The size a manifest declared, when one was served: the upstream's
 		// own claim is then checked against it.
-		size, err := t.srv.store.DeclaredSize(ctx, rt.up.Name(), rt.repo, d)
+		size, err := t.srv.blobs.DeclaredSize(ctx, rt.up.Name(), rt.repo, d)
 		if err != nil {
 			size = -1
 		}
-		dl.partial, dl.err = t.srv.store.NewPartial(ctx, d, size)
+		dl.partial, dl.err = t.srv.blobs.NewPartial(ctx, d, size)
 	}
 	if dl.err == nil && !t.srv.track() {
 		dl.partial.Abandon(errShuttingDown)
@@ -96,15 +120,14 @@ func (t *downloads) start(ctx context.Context, rt route, d digest.Digest, dl *do
 	close(dl.ready)
 	if dl.err != nil {
 		t.remove(d, dl)
-		return nil, dl.err
+		return dl.err
 	}
-	go t.run(rt, dl, exclude)
-	return dl.partial, nil
+	go t.run(rt, dl)
+	return nil
 }
 
 // run fetches the blob, commits it if it verifies, and leaves the table.
-// Endpoints in exclude served it corrupt before.
-func (t *downloads) run(rt route, dl *download, exclude []string) {
+func (t *downloads) run(rt route, dl *download) {
 	defer t.srv.wg.Done()
 	p := dl.partial
 	d := p.Digest()
@@ -114,9 +137,7 @@ func (t *downloads) run(rt route, dl *download, exclude []string) {
 	log := t.srv.log.With("upstream", rt.up.Name(), "repo", rt.repo, "digest", d)
 	log.Info("blob download started")
 
-	var served string // the endpoint that delivered the bytes
-	err := rt.up.FetchBlob(ctx, rt.repo, d, p, upstream.ExcludeEndpoints(exclude...),
-		upstream.ReportEndpoint(func(ep string) { served = ep }))
+	served, err := rt.up.FetchBlob(ctx, rt.repo, d, p)
 	switch {
 	case err == nil:
 		err = p.Commit(ctx) // fails, and discards the bytes, on a digest mismatch
@@ -127,13 +148,16 @@ func (t *downloads) run(rt route, dl *download, exclude []string) {
 	}
 	t.remove(d, dl)
 
-	if errors.Is(err, storage.ErrDigestMismatch) && served != "" && len(exclude)+1 < len(rt.up.Endpoints()) {
-		// Corrupt at that endpoint: another may hold it intact. Clients of
-		// this attempt got a short read; when they ask again they join the
-		// new download.
-		log.Warn("blob failed verification: fetching it again from another endpoint", "err", err, "corrupt_at", served)
-		t.restart(rt, d, append(exclude, served))
-		return
+	if errors.Is(err, storage.ErrDigestMismatch) && served != "" {
+		// The upstream remembers, and asks that endpoint no more for d.
+		rt.up.ReportCorrupt(d, served, err)
+		if len(rt.up.Endpoints()) > 1 {
+			// Another endpoint may hold it intact. Clients of this attempt
+			// got a short read; when they ask again they join the new download.
+			log.Warn("blob failed verification: fetching it again from another endpoint", "err", err, "corrupt_at", served)
+			t.restart(rt, d)
+			return
+		}
 	}
 	if err != nil {
 		t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "failed").Inc()
@@ -148,9 +172,8 @@ func (t *downloads) run(rt route, dl *download, exclude []string) {
 	log.Info("blob download committed", "bytes", p.Size(), "duration", time.Since(start).Round(time.Millisecond))
 }
 
-// restart starts a new download of d, avoiding the endpoints in exclude,
-// unless one is already running.
-func (t *downloads) restart(rt route, d digest.Digest, exclude []string) {
+// restart starts a new download of d unless one is already running.
+func (t *downloads) restart(rt route, d digest.Digest) {
 	t.mu.Lock()
 	if _, running := t.m[d]; running {
 		t.mu.Unlock()
@@ -159,7 +182,7 @@ func (t *downloads) restart(rt route, d digest.Digest, exclude []string) {
 	dl := &download{ready: make(chan struct{}), finished: make(chan struct{})}
 	t.m[d] = dl
 	t.mu.Unlock()
-	if _, err := t.start(t.srv.ctx, rt, d, dl, exclude); err != nil && !errors.Is(err, errStored) {
+	if err := t.start(t.srv.ctx, rt, d, dl); err != nil && !errors.Is(err, errStored) {
 		t.srv.log.Warn("restarting a blob download", "digest", d, "err", err)
 	}
 }
@@ -174,7 +197,7 @@ func (t *downloads) remove(d digest.Digest, dl *download) {
 }
 
 // lookup returns the running download of d, if any, without starting one.
-func (t *downloads) lookup(d digest.Digest) *storage.Partial {
+func (t *downloads) lookup(d digest.Digest) inflight {
 	t.mu.Lock()
 	dl := t.m[d]
 	t.mu.Unlock()
@@ -183,10 +206,12 @@ func (t *downloads) lookup(d digest.Digest) *storage.Partial {
 	}
 	select {
 	case <-dl.ready:
-		return dl.partial
+		if dl.partial != nil { // not a typed nil in the interface
+			return dl.partial
+		}
 	default:
-		return nil
 	}
+	return nil
 }
 
 // keepPartial tells whether the bytes of a failed download are worth keeping

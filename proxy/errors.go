@@ -2,11 +2,15 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"strconv"
-	"strings"
+	"syscall"
+	"time"
 
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -14,9 +18,10 @@ import (
 
 // ociError is an error as the distribution spec shapes it for clients.
 type ociError struct {
-	status  int
-	code    string
-	message string
+	status     int
+	code       string
+	message    string
+	retryAfter time.Duration // sent as Retry-After when positive
 }
 
 func (e *ociError) Error() string { return e.code + ": " + e.message }
@@ -52,7 +57,11 @@ func toOCI(err error, kind string) *ociError {
 		e.status, e.code = http.StatusForbidden, "DENIED"
 	case errors.Is(err, upstream.ErrTooManyRequests):
 		e.status, e.code = http.StatusTooManyRequests, "TOOMANYREQUESTS"
-	case errors.Is(err, upstream.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		if errors.As(err, &ue) {
+			e.retryAfter = ue.RetryAfter
+		}
+	case errors.Is(err, upstream.ErrUnavailable), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, errShuttingDown):
 		e.status, e.code = http.StatusServiceUnavailable, "UNAVAILABLE"
 	case errors.Is(err, upstream.ErrInvalid), errors.Is(err, storage.ErrDigestMismatch), errors.Is(err, storage.ErrSizeMismatch):
 		e.status, e.code = http.StatusBadGateway, "UNKNOWN"
@@ -71,6 +80,11 @@ func writeError(w http.ResponseWriter, r *http.Request, e *ociError) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	h.Del("Docker-Content-Digest")
+	h.Del("Etag")
+	h.Del("Accept-Ranges")
+	if e.retryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(int64((e.retryAfter+time.Second-1)/time.Second), 10))
+	}
 	w.WriteHeader(e.status)
 	if r.Method != http.MethodHead {
 		w.Write(body)
@@ -79,9 +93,18 @@ func writeError(w http.ResponseWriter, r *http.Request, e *ociError) {
 
 // hint turns a failure into the likely fix, for the operator's log line.
 func hint(err error) string {
-	msg := err.Error()
+	var (
+		dnsErr   *net.DNSError
+		netErr   net.Error
+		certErr  *tls.CertificateVerificationError
+		authErr  x509.UnknownAuthorityError
+		hostErr  x509.HostnameError
+		invalid  x509.CertificateInvalidError
+		alertErr tls.AlertError
+		recErr   tls.RecordHeaderError
+	)
 	switch {
-	case errors.Is(err, upstream.ErrUnauthorized) && strings.Contains(msg, "were refused"):
+	case errors.Is(err, upstream.ErrCredentialsRefused):
 		return "check the upstream's credentials: wrong, expired, or lacking pull permission"
 	case errors.Is(err, upstream.ErrUnauthorized):
 		return "configure credentials for this upstream, or check that the image is public"
@@ -89,15 +112,17 @@ func hint(err error) string {
 		return "the credentials lack pull permission on this repository"
 	case errors.Is(err, upstream.ErrTooManyRequests):
 		return "the upstream is rate limiting this address: authenticate, or pre-seed the images"
-	case strings.Contains(msg, "no space left on device"):
+	case errors.Is(err, syscall.ENOSPC):
 		return "the data dir's disk is full: free space or give pullproxy a larger volume"
-	case strings.Contains(msg, "no such host"):
+	case errors.As(err, &dnsErr):
 		return "DNS cannot resolve the endpoint: check its URL and the resolver"
-	case strings.Contains(msg, "x509:"), strings.Contains(msg, "tls:"):
-		return "TLS failed: check the endpoint's certificate and the CA bundle"
-	case strings.Contains(msg, "connection refused"):
+	case errors.As(err, &certErr), errors.As(err, &authErr), errors.As(err, &hostErr), errors.As(err, &invalid):
+		return "the endpoint's certificate does not verify: check its URL and the CA bundle"
+	case errors.As(err, &alertErr), errors.As(err, &recErr):
+		return "TLS failed: check that the endpoint speaks HTTPS, and its TLS settings"
+	case errors.Is(err, syscall.ECONNREFUSED):
 		return "nothing listens at the endpoint: check its URL and port"
-	case errors.Is(err, context.DeadlineExceeded), strings.Contains(msg, "timeout"):
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		return "the endpoint did not answer in time: check the network path"
 	case errors.Is(err, storage.ErrDigestMismatch), errors.Is(err, storage.ErrSizeMismatch):
 		return "the upstream serves content that does not match its digest: nothing was cached"

@@ -72,7 +72,7 @@ func (s *Server) serveManifest(w http.ResponseWriter, r *http.Request, rt route)
 // an old digest beats a failed pull.
 func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (upstream.Descriptor, error) {
 	name := rt.up.Name()
-	rec, err := s.store.Tag(ctx, name, rt.repo, rt.ref)
+	rec, err := s.tags.Tag(ctx, name, rt.repo, rt.ref)
 	cached := err == nil && acceptable(rec.MediaType, accept)
 	if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		s.log.Warn("reading tag cache", "err", err)
@@ -92,7 +92,7 @@ func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (ups
 			return nil, err
 		}
 		rec := storage.TagRecord{Digest: desc.Digest, MediaType: desc.MediaType, Size: desc.Size, CheckedAt: time.Now()}
-		if err := s.store.PutTag(ctx, name, rt.repo, rt.ref, rec); err != nil {
+		if err := s.tags.PutTag(ctx, name, rt.repo, rt.ref, rec); err != nil {
 			s.log.Warn("caching tag", "upstream", name, "repo", rt.repo, "tag", rt.ref, "err", err)
 		}
 		return desc, nil
@@ -133,9 +133,9 @@ func (s *Server) lookupTag(ctx context.Context, rt route, accept []string) (upst
 // manifestContent returns a manifest by digest, from the store or else from
 // upstream (verified against the digest, then stored).
 func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest, accept []string) ([]byte, string, error) {
-	if body, err := s.store.ReadBlob(ctx, d, upstream.MaxManifestSize); err == nil {
+	if body, err := s.manifests.ReadBlob(ctx, d, upstream.MaxManifestSize); err == nil {
 		mediaType := ""
-		if rec, err := s.store.Blob(ctx, d); err == nil {
+		if rec, err := s.manifests.Blob(ctx, d); err == nil {
 			mediaType = rec.MediaType
 		}
 		if mediaType == "" {
@@ -172,13 +172,13 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 }
 
 func (s *Server) putManifest(ctx context.Context, rt route, desc upstream.Descriptor, body []byte) error {
-	if err := s.store.PutBlob(ctx, desc.Digest, body); err != nil {
+	if err := s.manifests.PutBlob(ctx, desc.Digest, body); err != nil {
 		return err
 	}
-	if err := s.store.SetDeclaredSizes(ctx, rt.up.Name(), rt.repo, declaredSizes(body)); err != nil {
+	if err := s.manifests.SetDeclaredSizes(ctx, rt.up.Name(), rt.repo, declaredSizes(body)); err != nil {
 		s.log.Warn("recording the sizes a manifest declares", "digest", desc.Digest, "err", err)
 	}
-	return s.store.SetMediaType(ctx, desc.Digest, desc.MediaType)
+	return s.manifests.SetMediaType(ctx, desc.Digest, desc.MediaType)
 }
 
 // declaredSizes lists the sizes a manifest or index declares for what it

@@ -28,27 +28,48 @@ type Upstream interface {
 	HeadManifest(ctx context.Context, repo, ref string, accept []string) (upstream.Descriptor, error)
 	GetManifest(ctx context.Context, repo, ref string, accept []string) (upstream.Descriptor, []byte, error)
 	HeadBlob(ctx context.Context, repo string, d digest.Digest) (int64, error)
-	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter, opts ...upstream.FetchOption) error
+	// FetchBlob writes a blob into w and returns the endpoint that served it.
+	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (string, error)
+	// ReportCorrupt says that the blob an endpoint served failed verification.
+	ReportCorrupt(d digest.Digest, endpoint string, cause error)
 	// Endpoints lists the URLs serving the upstream, in the order they are tried.
 	Endpoints() []string
 }
 
 var _ Upstream = (*upstream.Registry)(nil)
 
-// Store is where content is kept. *storage.Store implements it.
-type Store interface {
+// BlobStore keeps verified blobs, and the downloads that fill it.
+type BlobStore interface {
 	OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64, error)
 	StatBlob(ctx context.Context, d digest.Digest) (int64, error)
+	// NewPartial starts or resumes a download of d; size is -1 when unknown.
+	NewPartial(ctx context.Context, d digest.Digest, size int64) (*storage.Partial, error)
+	Touch(ctx context.Context, d digest.Digest) error
+	// DeclaredSize is the size a manifest of upstream/repo declared for d.
+	DeclaredSize(ctx context.Context, upstream, repo string, d digest.Digest) (int64, error)
+}
+
+// ManifestStore keeps manifests: small blobs read whole, with their media
+// type and the sizes they declare for what they reference.
+type ManifestStore interface {
 	ReadBlob(ctx context.Context, d digest.Digest, limit int64) ([]byte, error)
 	PutBlob(ctx context.Context, d digest.Digest, b []byte) error
-	NewPartial(ctx context.Context, d digest.Digest, size int64) (*storage.Partial, error)
 	Blob(ctx context.Context, d digest.Digest) (storage.BlobRecord, error)
 	SetMediaType(ctx context.Context, d digest.Digest, mediaType string) error
-	Touch(ctx context.Context, d digest.Digest) error
+	SetDeclaredSizes(ctx context.Context, upstream, repo string, sizes map[digest.Digest]int64) error
+}
+
+// TagStore keeps what tags resolved to upstream.
+type TagStore interface {
 	Tag(ctx context.Context, upstream, repo, tag string) (storage.TagRecord, error)
 	PutTag(ctx context.Context, upstream, repo, tag string, rec storage.TagRecord) error
-	SetDeclaredSizes(ctx context.Context, upstream, repo string, sizes map[digest.Digest]int64) error
-	DeclaredSize(ctx context.Context, upstream, repo string, d digest.Digest) (int64, error)
+}
+
+// Store is where content is kept. *storage.Store implements it.
+type Store interface {
+	BlobStore
+	ManifestStore
+	TagStore
 }
 
 var _ Store = (*storage.Store)(nil)
@@ -56,7 +77,9 @@ var _ Store = (*storage.Store)(nil)
 // Server is the registry HTTP handler. Create it with New and Close it to
 // stop the downloads it started.
 type Server struct {
-	store           Store
+	blobs           BlobStore
+	manifests       ManifestStore
+	tags            TagStore
 	upstreams       map[string]Upstream
 	defaultUpstream Upstream
 	tagTTL          time.Duration
@@ -89,7 +112,8 @@ func (s *Server) track() bool {
 	return true
 }
 
-// Option configures a Server.
+// Option configures a Server. An option given a nil value is as if it were
+// not given: the default applies.
 type Option func(*config) error
 
 type config struct {
@@ -110,7 +134,12 @@ func WithStore(s Store) Option {
 // WithUpstream adds an upstream, matched by its name against containerd's
 // ns parameter and the first component of a path.
 func WithUpstream(u Upstream) Option {
-	return func(c *config) error { c.upstreams = append(c.upstreams, u); return nil }
+	return func(c *config) error {
+		if u != nil {
+			c.upstreams = append(c.upstreams, u)
+		}
+		return nil
+	}
 }
 
 // WithDefaultUpstream names the upstream for requests that name none.
@@ -145,7 +174,12 @@ func WithFetchTimeout(d time.Duration) Option {
 
 // WithLogger sets the logger. Default: slog.Default().
 func WithLogger(l *slog.Logger) Option {
-	return func(c *config) error { c.log = l; return nil }
+	return func(c *config) error {
+		if l != nil {
+			c.log = l
+		}
+		return nil
+	}
 }
 
 // WithMetricsRegistry registers the server's metrics with reg and serves reg
@@ -173,7 +207,9 @@ func New(opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("proxy: registering metrics: %w", err)
 	}
 	s := &Server{
-		store:     c.store,
+		blobs:     c.store,
+		manifests: c.store,
+		tags:      c.store,
 		upstreams: map[string]Upstream{},
 		tagTTL:    c.tagTTL,
 		log:       c.log,

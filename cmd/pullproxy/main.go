@@ -25,6 +25,10 @@ import (
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
+// shutdownGrace bounds how long responses in progress may take to finish
+// once pullproxy is told to stop.
+const shutdownGrace = 20 * time.Second
+
 // version is set at link time: -ldflags "-X main.version=…".
 var version = "dev"
 
@@ -212,7 +216,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	case <-ctx.Done():
 	}
 	log.Info("shutting down")
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	// Downloads first: their readers then end their responses short (a
+	// clean close, which clients resume from elsewhere or after the
+	// restart), so waiting for responses does not wait for upstreams. Their
+	// progress is recorded for the next start.
+	srv.Close()
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	if err := httpSrv.Shutdown(shutdownCtx); err != nil {
 		log.Warn("connections still open at shutdown were closed", "err", err)

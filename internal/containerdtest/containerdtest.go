@@ -293,6 +293,12 @@ func (d *Daemon) stop() error {
 // with "https://"+host as the fallback server. It returns the hosts
 // directory to pass to ContentFetch.
 func (d *Daemon) WriteHostsDir(host, mirrorURL string) (string, error) {
+	return d.WriteHostsDirWithServer(host, mirrorURL, "https://"+host)
+}
+
+// WriteHostsDirWithServer is WriteHostsDir with serverURL as the fallback
+// server: containerd asks it for what the mirror does not answer.
+func (d *Daemon) WriteHostsDirWithServer(host, mirrorURL, serverURL string) (string, error) {
 	if host == "" || strings.ContainsAny(host, "/\\") {
 		return "", fmt.Errorf("containerdtest: invalid registry host %q", host)
 	}
@@ -305,7 +311,7 @@ func (d *Daemon) WriteHostsDir(host, mirrorURL string) (string, error) {
 
 [host.%q]
   capabilities = ["pull", "resolve"]
-`, "https://"+host, mirrorURL)
+`, serverURL, mirrorURL)
 	if err := os.WriteFile(filepath.Join(hostDir, "hosts.toml"), []byte(content), 0o644); err != nil {
 		return "", fmt.Errorf("containerdtest: writing hosts.toml for %s: %w", host, err)
 	}
