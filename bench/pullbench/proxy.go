@@ -25,7 +25,8 @@ import (
 // proxyProcess is a pullproxy serving on loopback with a data dir of its own.
 type proxyProcess struct {
 	cmd     *exec.Cmd
-	url     string
+	addr    string // host:port it serves on
+	url     string // "http://" + addr
 	dataDir string
 }
 
@@ -36,7 +37,7 @@ var addrRE = regexp.MustCompile(`msg="pullproxy serving".* addr=(\S+)`)
 func startProxy(ctx context.Context, b *bench, upstreamURL string) (*proxyProcess, error) {
 	dataDir, err := os.MkdirTemp(b.dir, "data")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("creating pullproxy's data dir: %w", err)
 	}
 	return startProxyOn(ctx, b, upstreamURL, dataDir)
 }
@@ -46,10 +47,10 @@ func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*
 		"--upstream", registryHost+"="+upstreamURL)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("starting pullproxy: %w", err)
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("starting pullproxy: %w", err)
 	}
 	p := &proxyProcess{cmd: cmd, dataDir: dataDir}
 	addrc := make(chan string, 1)
@@ -67,14 +68,14 @@ func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*
 	}()
 	select {
 	case addr := <-addrc:
-		p.url = "http://" + addr
+		p.addr, p.url = addr, "http://"+addr
 		return p, nil
 	case <-time.After(30 * time.Second):
 		p.kill()
 		return nil, fmt.Errorf("pullproxy did not start")
 	case <-ctx.Done():
 		p.kill()
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("waiting for pullproxy to start: %w", ctx.Err())
 	}
 }
 
@@ -111,11 +112,11 @@ func (p *proxyProcess) blobURL(d registrytest.Descriptor) string {
 func getBlob(ctx context.Context, url string, d registrytest.Descriptor) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("GET %s: %w", d.Digest, err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return err
+		return fmt.Errorf("GET %s: %w", d.Digest, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -147,10 +148,10 @@ func (b *bench) proxyAcross(ctx context.Context, mode carrier.Mode) (*carrier.Re
 }
 
 // coalesce: many clients ask for one cold layer at once, across the carrier.
-func (b *bench) coalesce(ctx context.Context) (result, error) {
+func (b *bench) coalesce(ctx context.Context) (sample, error) {
 	path, p, err := b.proxyAcross(ctx, carrier.Reset)
 	if err != nil {
-		return result{}, err
+		return sample{}, err
 	}
 	defer path.Close()
 	defer p.stop()
@@ -161,18 +162,18 @@ func (b *bench) coalesce(ctx context.Context) (result, error) {
 		g.Go(func() error { return getBlob(gctx, p.blobURL(layer), layer) })
 	}
 	if err := g.Wait(); err != nil {
-		return result{}, err
+		return sample{}, err
 	}
-	return result{Seconds: []float64{time.Since(start).Seconds()}, PeakRSSMiB: p.peakRSS(),
-		UpstreamRatio: ratio(path.Stats().BytesDown, layer.Size)}, nil
+	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesDown, layer.Size),
+		rssMiB: p.peakRSS()}, nil
 }
 
 // killed: pullproxy is killed with SIGKILL when a client has read half of a
 // cold layer, restarted on the same data dir, and asked again.
-func (b *bench) killed(ctx context.Context) (result, error) {
+func (b *bench) killed(ctx context.Context) (sample, error) {
 	path, p, err := b.proxyAcross(ctx, carrier.Reset)
 	if err != nil {
-		return result{}, err
+		return sample{}, err
 	}
 	defer path.Close()
 	layer := b.pushed.Layers[0]
@@ -180,33 +181,32 @@ func (b *bench) killed(ctx context.Context) (result, error) {
 	resp, err := http.Get(p.blobURL(layer))
 	if err != nil {
 		p.kill()
-		return result{}, err
+		return sample{}, fmt.Errorf("GET %s: %w", layer.Digest, err)
 	}
 	_, err = io.CopyN(io.Discard, resp.Body, layer.Size/2)
 	p.kill()
 	resp.Body.Close()
 	if err != nil {
-		return result{}, fmt.Errorf("reading the first half: %w", err)
+		return sample{}, fmt.Errorf("reading the first half: %w", err)
 	}
 	p, err = startProxyOn(ctx, b, path.URL(), p.dataDir)
 	if err != nil {
-		return result{}, err
+		return sample{}, fmt.Errorf("restarting pullproxy: %w", err)
 	}
 	defer p.stop()
 	if err := getBlob(ctx, p.blobURL(layer), layer); err != nil {
-		return result{}, err
+		return sample{}, fmt.Errorf("after the restart: %w", err)
 	}
-	return result{Seconds: []float64{time.Since(start).Seconds()},
-		UpstreamRatio: ratio(path.Stats().BytesDown, layer.Size)}, nil
+	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesDown, layer.Size)}, nil
 }
 
 // memory: many clients pull the whole cold image at once (each blob, three
 // at a time per client, as containerd does) while pullproxy's peak resident
 // memory is watched.
-func (b *bench) memory(ctx context.Context) (result, error) {
+func (b *bench) memory(ctx context.Context) (sample, error) {
 	path, p, err := b.proxyAcross(ctx, carrier.Reset)
 	if err != nil {
-		return result{}, err
+		return sample{}, err
 	}
 	defer path.Close()
 	defer p.stop()
@@ -224,8 +224,8 @@ func (b *bench) memory(ctx context.Context) (result, error) {
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return result{}, err
+		return sample{}, err
 	}
-	return result{Seconds: []float64{time.Since(start).Seconds()}, PeakRSSMiB: p.peakRSS(),
-		UpstreamRatio: ratio(path.Stats().BytesDown, b.bytes)}, nil
+	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesDown, b.bytes),
+		rssMiB: p.peakRSS()}, nil
 }

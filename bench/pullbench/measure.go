@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"slices"
+	"time"
+
+	"github.com/pullproxy/pullproxy/bench/carrier"
+)
+
+// runTimeout bounds one run of a measurement.
+const runTimeout = 15 * time.Minute
+
+// sample is what one run of a measurement observed.
+type sample struct {
+	seconds  float64 // measured by pullbench, see pull.go
+	upstream float64 // bytes carried from the registry / bytes needed
+	rssMiB   float64 // pullproxy's peak resident memory (VmHWM)
+}
+
+// measurement is one row of the table, measured cfg.Runs times.
+type measurement struct {
+	name       string
+	run        func(context.Context) (sample, error)
+	upstream   bool // run measures sample.upstream
+	rss        bool // run measures sample.rssMiB
+	wholeImage bool // a pull of the whole image, comparable with the clean direct pull
+}
+
+// summary is one figure over the runs of a measurement. For every figure
+// reported (time, upstream bytes, memory) larger is worse.
+type summary struct {
+	Runs   []float64 `json:"runs"`
+	Median float64   `json:"median"`
+	Worst  float64   `json:"worst"` // the largest of Runs
+}
+
+// result is one row of the table.
+type result struct {
+	Name          string   `json:"name"`
+	Seconds       *summary `json:"seconds,omitempty"`
+	VsClean       float64  `json:"median_vs_clean_direct_median,omitempty"` // Seconds.Median / the clean direct pull's
+	UpstreamRatio *summary `json:"upstream_bytes_ratio,omitempty"`          // bytes carried from the registry / bytes needed
+	PeakRSSMiB    *summary `json:"peak_rss_mib,omitempty"`                  // pullproxy's peak resident memory
+	Direct        *series  `json:"direct_attempts,omitempty"`               // the direct pull across the carrier
+	Error         string   `json:"error,omitempty"`                         // why the measurement stopped
+}
+
+// measureAll measures every row, in the table's order.
+func (b *bench) measureAll(ctx context.Context) []result {
+	clean := b.measure(ctx, measurement{name: "containerd direct, clean path", upstream: true, wholeImage: true,
+		run: func(ctx context.Context) (sample, error) { return b.direct(ctx, 0) }})
+	results := []result{clean, b.directAttempts(ctx)}
+	logResult(results[1])
+	for _, m := range b.measurements() {
+		r := b.measure(ctx, m)
+		if m.wholeImage && r.Seconds != nil && clean.Seconds != nil {
+			r.VsClean = r.Seconds.Median / clean.Seconds.Median
+		}
+		results = append(results, r)
+	}
+	return results
+}
+
+// measurements are the rows after the direct pulls.
+func (b *bench) measurements() []measurement {
+	layerMiB := b.cfg.LayerSizes[0] / mib
+	return []measurement{
+		{name: "pullproxy cold, carrier resets", upstream: true, rss: true, wholeImage: true,
+			run: func(ctx context.Context) (sample, error) { return b.viaProxy(ctx, carrier.Reset, false) }},
+		{name: "pullproxy cold, carrier stalls", upstream: true, rss: true, wholeImage: true,
+			run: func(ctx context.Context) (sample, error) { return b.viaProxy(ctx, carrier.Stall, false) }},
+		{name: "pullproxy warm (second node)", upstream: true, wholeImage: true,
+			run: func(ctx context.Context) (sample, error) { return b.viaProxy(ctx, carrier.Reset, true) }},
+		{name: fmt.Sprintf("%d clients, one cold %d MiB layer", b.cfg.Clients, layerMiB), upstream: true, rss: true,
+			run: b.coalesce},
+		{name: fmt.Sprintf("killed halfway through a cold %d MiB layer", layerMiB), upstream: true,
+			run: b.killed},
+		{name: fmt.Sprintf("cold image, %d clients at once: peak RSS", b.cfg.Clients), upstream: true, rss: true,
+			run: b.memory},
+	}
+}
+
+// measure runs m cfg.Runs times and summarises the runs. It stops at the
+// first run that fails.
+func (b *bench) measure(ctx context.Context, m measurement) result {
+	r := result{Name: m.name}
+	var samples []sample
+	for i := range b.cfg.Runs {
+		rctx, cancel := context.WithTimeout(ctx, runTimeout)
+		s, err := m.run(rctx)
+		cancel()
+		if err != nil {
+			r.Error = fmt.Sprintf("run %d: %v", i+1, err)
+			logResult(r)
+			return r
+		}
+		samples = append(samples, s)
+	}
+	r.Seconds = summarise(samples, func(s sample) float64 { return s.seconds })
+	if m.upstream {
+		r.UpstreamRatio = summarise(samples, func(s sample) float64 { return s.upstream })
+	}
+	if m.rss {
+		r.PeakRSSMiB = summarise(samples, func(s sample) float64 { return s.rssMiB })
+	}
+	logResult(r)
+	return r
+}
+
+func summarise(samples []sample, figure func(sample) float64) *summary {
+	s := &summary{}
+	for _, x := range samples {
+		s.Runs = append(s.Runs, figure(x))
+	}
+	s.Median = median(s.Runs)
+	s.Worst = slices.Max(s.Runs)
+	return s
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func logResult(r result) {
+	switch {
+	case r.Error != "":
+		log.Printf("%s: failed: %s", r.Name, r.Error)
+	case r.Direct != nil:
+		log.Printf("%s: %s", r.Name, r.Direct.verdict())
+	default:
+		log.Printf("%s: median %.2fs, worst %.2fs", r.Name, r.Seconds.Median, r.Seconds.Worst)
+	}
+}

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pullproxy/pullproxy/bench/carrier"
+	"github.com/pullproxy/pullproxy/internal/containerdtest"
+)
+
+// fetch is one `ctr content fetch` as pullbench saw it.
+type fetch struct {
+	// took runs from ctr's first connection to the registry or mirror (seen
+	// by the tap in front of it) to ctr's exit, when the image's content is
+	// committed in containerd's store.
+	took    time.Duration
+	failure string // ctr's error if it exited non-zero, else ""
+}
+
+// hostsFunc writes the hosts.toml that sends registryHost's requests to url
+// and returns the hosts directory.
+type hostsFunc func(d *containerdtest.Daemon, url string) (string, error)
+
+func directHosts(d *containerdtest.Daemon, url string) (string, error) {
+	return d.WriteDirectHostsDir(registryHost, url)
+}
+
+func mirrorHosts(d *containerdtest.Daemon, url string) (string, error) {
+	return d.WriteHostsDir(registryHost, url)
+}
+
+// pull makes a new containerd fetch the image from target (host:port), with
+// the configuration hosts writes, through a tap that times the pull. An
+// error means the pull could not be made; a pull that failed is a fetch with
+// a failure.
+func (b *bench) pull(ctx context.Context, target string, hosts hostsFunc) (fetch, error) {
+	t, err := startTap(target)
+	if err != nil {
+		return fetch{}, err
+	}
+	defer t.close()
+	d, remove, err := b.newContainerd(ctx)
+	if err != nil {
+		return fetch{}, err
+	}
+	defer remove()
+	hostsDir, err := hosts(d, t.url())
+	if err != nil {
+		return fetch{}, err
+	}
+	// --debug turns ctr's progress display off: with it, ctr exits only at
+	// the display's next 100 ms tick after the fetch has ended.
+	out, err := d.Ctr(ctx, "--debug", "content", "fetch", "--hosts-dir", hostsDir, b.ref)
+	end := time.Now()
+	var f fetch
+	if err != nil {
+		f.failure = ctrMessage(out, err)
+	}
+	first, ok := t.firstConn()
+	if !ok {
+		return fetch{}, fmt.Errorf("ctr made no request (ctr's error: %q)", f.failure)
+	}
+	f.took = end.Sub(first)
+	return f, nil
+}
+
+// newContainerd starts a containerd with a new, empty dir; remove stops it
+// and removes the dir.
+func (b *bench) newContainerd(ctx context.Context) (d *containerdtest.Daemon, remove func(), err error) {
+	dir, err := os.MkdirTemp(b.dir, "containerd")
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating containerd's dir: %w", err)
+	}
+	if d, err = containerdtest.Start(ctx, dir); err != nil {
+		os.RemoveAll(dir)
+		return nil, nil, err
+	}
+	return d, func() {
+		d.Stop()
+		os.RemoveAll(dir)
+	}, nil
+}
+
+// ctrMessage is the error ctr printed last ("ctr: ..."), or err's first line
+// if it printed none.
+func ctrMessage(out []byte, err error) string {
+	lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
+	for i := len(lines) - 1; i >= 0; i-- {
+		if msg, ok := bytes.CutPrefix(lines[i], []byte("ctr: ")); ok {
+			return string(msg)
+		}
+	}
+	first, _, _ := strings.Cut(err.Error(), "\n")
+	return first
+}
+
+// direct is containerd pulling from the registry across the carrier, with
+// sessions cut with probability prob.
+func (b *bench) direct(ctx context.Context, prob float64) (sample, error) {
+	path, err := b.carrier(carrier.Reset, prob)
+	if err != nil {
+		return sample{}, err
+	}
+	defer path.Close()
+	f, err := b.pull(ctx, path.Addr(), directHosts)
+	if err != nil {
+		return sample{}, err
+	}
+	if f.failure != "" {
+		return sample{}, fmt.Errorf("direct pull failed after %.2fs: %s", f.took.Seconds(), f.failure)
+	}
+	return sample{seconds: f.took.Seconds(), upstream: ratio(path.Stats().BytesDown, b.bytes)}, nil
+}
+
+// attempt is one direct pull across the carrier with resets.
+type attempt struct {
+	Seconds       float64 `json:"seconds"`        // ctr's first connection to its exit
+	UpstreamBytes int64   `json:"upstream_bytes"` // what the carrier carried from the registry
+	Outcome       string  `json:"outcome"`        // "pulled", or the error ctr exited with
+}
+
+const pulled = "pulled"
+
+// series is the direct pull across the carrier, attempted until it succeeds
+// or MaxAttempts have failed.
+type series struct {
+	MaxAttempts int       `json:"max_attempts"`
+	Finished    bool      `json:"finished"`
+	Attempts    []attempt `json:"attempts"`
+}
+
+// verdict says how the series ended, e.g. "did not finish in 12 attempts".
+func (s *series) verdict() string {
+	if s.Finished {
+		return fmt.Sprintf("pulled on attempt %d of %d", len(s.Attempts), s.MaxAttempts)
+	}
+	return fmt.Sprintf("did not finish in %d attempts", len(s.Attempts))
+}
+
+// directAttempts is what the incident's nodes lived through: a reset fails
+// the whole pull, and the pull is made again from the start, by a new
+// containerd, up to cfg.DirectAttempts times. The attempts follow each other
+// at once; the backoff kubelet would wait between them is not part of it.
+func (b *bench) directAttempts(ctx context.Context) result {
+	r := result{Name: "containerd direct, carrier resets", Direct: &series{MaxAttempts: b.cfg.DirectAttempts}}
+	for i := range b.cfg.DirectAttempts {
+		rctx, cancel := context.WithTimeout(ctx, runTimeout)
+		a, err := b.directAttempt(rctx)
+		cancel()
+		if err != nil {
+			r.Error = fmt.Sprintf("attempt %d: %v", i+1, err)
+			return r
+		}
+		r.Direct.Attempts = append(r.Direct.Attempts, a)
+		if a.Outcome == pulled {
+			r.Direct.Finished = true
+			break
+		}
+	}
+	return r
+}
+
+func (b *bench) directAttempt(ctx context.Context) (attempt, error) {
+	path, err := b.carrier(carrier.Reset, b.cfg.CutProb)
+	if err != nil {
+		return attempt{}, err
+	}
+	defer path.Close()
+	f, err := b.pull(ctx, path.Addr(), directHosts)
+	if err != nil {
+		return attempt{}, err
+	}
+	a := attempt{Seconds: f.took.Seconds(), UpstreamBytes: path.Stats().BytesDown, Outcome: pulled}
+	if f.failure != "" {
+		a.Outcome = f.failure
+	}
+	return a, nil
+}
+
+// viaProxy is containerd pulling through a fresh pullproxy across the
+// carrier; warm measures a second containerd pulling what the first did.
+func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, warm bool) (sample, error) {
+	path, p, err := b.proxyAcross(ctx, mode)
+	if err != nil {
+		return sample{}, err
+	}
+	defer path.Close()
+	defer p.stop()
+	f, err := b.pull(ctx, p.addr, mirrorHosts)
+	if err != nil {
+		return sample{}, err
+	}
+	if f.failure != "" {
+		return sample{}, fmt.Errorf("cold pull through pullproxy failed after %.2fs: %s", f.took.Seconds(), f.failure)
+	}
+	if !warm {
+		return sample{seconds: f.took.Seconds(), upstream: ratio(path.Stats().BytesDown, b.bytes),
+			rssMiB: p.peakRSS()}, nil
+	}
+	before := path.Stats().BytesDown
+	if f, err = b.pull(ctx, p.addr, mirrorHosts); err != nil {
+		return sample{}, err
+	}
+	if f.failure != "" {
+		return sample{}, fmt.Errorf("warm pull through pullproxy failed after %.2fs: %s", f.took.Seconds(), f.failure)
+	}
+	return sample{seconds: f.took.Seconds(), upstream: ratio(path.Stats().BytesDown-before, b.bytes)}, nil
+}
+
+func (b *bench) carrier(mode carrier.Mode, prob float64) (*carrier.Relay, error) {
+	r, err := carrier.Start(carrier.Config{Target: b.reg.Host(), CutProb: prob, CutMin: b.cfg.CutMin,
+		CutMax: b.cfg.CutMax, Mode: mode, Bandwidth: b.cfg.Bandwidth, Seed: uint64(time.Now().UnixNano())})
+	if err != nil {
+		return nil, fmt.Errorf("starting the carrier: %w", err)
+	}
+	return r, nil
+}
+
+func ratio(a, b int64) float64 { return float64(a) / float64(b) }

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// provenance says what the figures were measured on.
+type provenance struct {
+	Commit     string `json:"commit"`      // git rev-parse HEAD when the run started
+	Dirty      bool   `json:"dirty"`       // the work tree had changes (git status --porcelain)
+	GoVersion  string `json:"go_version"`  // the go that built pullproxy
+	CtrVersion string `json:"ctr_version"` // ctr --version
+	Date       string `json:"date"`        // when the run started, UTC
+	CPUs       int    `json:"cpus"`
+}
+
+// report is what results.json holds.
+type report struct {
+	provenance
+	ImageBytes int64    `json:"image_bytes"`
+	Config     config   `json:"config"`
+	Results    []result `json:"results"`
+}
+
+func readProvenance(ctx context.Context) (provenance, error) {
+	p := provenance{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU()}
+	var err error
+	if p.Commit, err = output(ctx, "git", "rev-parse", "HEAD"); err != nil {
+		return p, err
+	}
+	// --no-optional-locks: reading the status must not rewrite git's index.
+	status, err := output(ctx, "git", "--no-optional-locks", "status", "--porcelain")
+	if err != nil {
+		return p, err
+	}
+	p.Dirty = status != ""
+	if p.GoVersion, err = output(ctx, "go", "env", "GOVERSION"); err != nil {
+		return p, err
+	}
+	if p.CtrVersion, err = output(ctx, "ctr", "--version"); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// output runs a command and returns its standard output, trimmed.
+func output(ctx context.Context, name string, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, name, args...).Output()
+	if err != nil {
+		var stderr []byte
+		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+			stderr = bytes.TrimSpace(ee.Stderr)
+		}
+		return "", fmt.Errorf("%s %s: %w %s", name, strings.Join(args, " "), err, stderr)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+func writeJSON(path string, rep report) error {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // ctr's errors quote "->"
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(rep); err != nil {
+		return fmt.Errorf("encoding the results: %w", err)
+	}
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		return fmt.Errorf("writing the results: %w", err)
+	}
+	return nil
+}
+
+// printTable prints the figures as Markdown, under what they were measured
+// on and how.
+func printTable(w io.Writer, rep report) {
+	p, cfg := rep.provenance, rep.Config
+	tree := ""
+	if p.Dirty {
+		tree = " with uncommitted changes"
+	}
+	fmt.Fprintf(w, "Commit %s%s; %s; %s; %s; %d CPUs.\n\n", p.Commit, tree, p.Date, p.GoVersion, p.CtrVersion, p.CPUs)
+	fmt.Fprintf(w, "Image: %d layers, %.1f MiB. Carrier: %.0f%% of sessions cut after %.1f–%.1f MB, %.0f MB/s shared. "+
+		"Runs per measurement: %d. Times are measured by pullbench: a containerd pull from ctr's first "+
+		"connection to ctr's exit, the other rows from the first request to the last byte received.\n\n",
+		len(cfg.LayerSizes), float64(rep.ImageBytes)/mib, cfg.CutProb*100, float64(cfg.CutMin)/1e6,
+		float64(cfg.CutMax)/1e6, float64(cfg.Bandwidth)/1e6, cfg.Runs)
+	n := cfg.Runs
+	fmt.Fprintf(w, "| measurement | time, median of %d | time, worst of %d | median time / clean direct median "+
+		"| upstream bytes / needed, worst of %d | peak RSS, worst of %d | note |\n", n, n, n, n)
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+	for _, r := range rep.Results {
+		fmt.Fprintf(w, "| %s |\n", strings.Join(row(r), " | "))
+	}
+}
+
+// row is a result's cells, in the table's order.
+func row(r result) []string {
+	cells := []string{r.Name, "", "", "", "", "", ""}
+	switch {
+	case r.Error != "":
+		cells[6] = "failed: " + strings.ReplaceAll(r.Error, "\n", " ")
+	case r.Direct != nil:
+		cells[1], cells[6] = r.Direct.verdict(), r.Direct.describe()
+	default:
+		cells[1] = fmt.Sprintf("%.2f s", r.Seconds.Median)
+		cells[2] = fmt.Sprintf("%.2f s", r.Seconds.Worst)
+	}
+	if r.VsClean != 0 {
+		cells[3] = fmt.Sprintf("%.2fx", r.VsClean)
+	}
+	if r.UpstreamRatio != nil {
+		cells[4] = fmt.Sprintf("%.3fx", r.UpstreamRatio.Worst)
+	}
+	if r.PeakRSSMiB != nil {
+		cells[5] = fmt.Sprintf("%.0f MiB", r.PeakRSSMiB.Worst)
+	}
+	return cells
+}
+
+// describe lists the attempts' measured times and how they ended, e.g.
+// "... they took 0.41, 0.22 s; 2 ended with: connection reset by peer".
+func (s *series) describe() string {
+	secs := make([]string, len(s.Attempts))
+	var reasons []string
+	count := map[string]int{}
+	for i, a := range s.Attempts {
+		secs[i] = fmt.Sprintf("%.2f", a.Seconds)
+		reason := a.Outcome
+		if reason != pulled {
+			reason = "ended with: " + lastPart(reason)
+		}
+		if count[reason] == 0 {
+			reasons = append(reasons, reason)
+		}
+		count[reason]++
+	}
+	for i, reason := range reasons {
+		reasons[i] = fmt.Sprintf("%d %s", count[reason], reason)
+	}
+	return fmt.Sprintf("one series of attempts, a new containerd each, no wait between them; they took %s s; %s",
+		strings.Join(secs, ", "), strings.Join(reasons, "; "))
+}
+
+// lastPart is the innermost cause of a wrapped error message: what follows
+// its last ": ".
+func lastPart(msg string) string {
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		return msg[i+2:]
+	}
+	return msg
+}
