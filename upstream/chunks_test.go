@@ -96,7 +96,7 @@ func TestFetchBlobLearnsBudgetFromCuts(t *testing.T) {
 	s := &rangeServer{blob: blob, cutAfter: cutAt}
 	srv := newCountingServer(t, s)
 	m, reg := newTestMetrics(t)
-	cfg := FetchConfig{Budget: initial, MinBudget: 16 << 10, MaxBudget: 4 << 20, Parallel: parallel}
+	cfg := FetchConfig{ConnectionBudget: initial, MinConnectionBudget: 16 << 10, MaxConnectionBudget: 4 << 20, ParallelChunks: parallel}
 	r := newFetchRegistry(t, cfg, []string{srv.URL}, WithMetrics(m))
 	w := newMemBlobWriter(-1)
 	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
@@ -106,8 +106,8 @@ func TestFetchBlobLearnsBudgetFromCuts(t *testing.T) {
 
 	labels := map[string]string{"upstream": testUpstream, "endpoint": host(srv)}
 	budget := metricValue(t, reg, "pullproxy_upstream_connection_budget_bytes", labels)
-	if budget >= cutAt || budget < float64(cfg.MinBudget) {
-		t.Errorf("budget: got %v, want %v to %v", budget, cfg.MinBudget, cutAt-1)
+	if budget >= cutAt || budget < float64(cfg.MinConnectionBudget) {
+		t.Errorf("budget: got %v, want %v to %v", budget, cfg.MinConnectionBudget, cutAt-1)
 	}
 	if got := r.endpoints[0].budget.get(); float64(got) != budget {
 		t.Errorf("endpoint budget: got %v, want the gauge's %v", got, budget)
@@ -159,7 +159,7 @@ func TestFetchBlobBudgetAdapts(t *testing.T) {
 			s := &rangeServer{blob: blob}
 			srv := newCountingServer(t, s)
 			m, reg := newTestMetrics(t)
-			cfg := FetchConfig{Budget: initial, MinBudget: initial, MaxBudget: tt.maxBudget, Parallel: 1}
+			cfg := FetchConfig{ConnectionBudget: initial, MinConnectionBudget: initial, MaxConnectionBudget: tt.maxBudget, ParallelChunks: 1}
 			r := newFetchRegistry(t, cfg, []string{srv.URL}, WithMetrics(m))
 			w := newMemBlobWriter(-1)
 			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
@@ -223,7 +223,7 @@ func TestFetchBlobStallResumes(t *testing.T) {
 	t.Cleanup(srv.Close)
 	t.Cleanup(unblock) // before Close, which waits for handlers
 	m, reg := newTestMetrics(t)
-	r := newFetchRegistry(t, FetchConfig{Parallel: 1, StallTimeout: 200 * time.Millisecond}, []string{srv.URL}, WithMetrics(m))
+	r := newFetchRegistry(t, FetchConfig{ParallelChunks: 1, StallTimeout: 200 * time.Millisecond}, []string{srv.URL}, WithMetrics(m))
 	w := newMemBlobWriter(-1)
 	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("got %v, want no error", err)
@@ -533,7 +533,7 @@ func TestFetchBlobHeadFailureRetried(t *testing.T) {
 			}
 			return s.RoundTrip(req)
 		})
-		r := newMemFetchRegistry(t, memNet{"registry.test": rt}, FetchConfig{Parallel: 1}, "https://registry.test")
+		r := newMemFetchRegistry(t, memNet{"registry.test": rt}, FetchConfig{ParallelChunks: 1}, "https://registry.test")
 		w := newMemBlobWriter(-1)
 		if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 			t.Fatalf("got %v, want no error", err)
@@ -572,7 +572,7 @@ func TestFetchBlobCancelKeepsBudget(t *testing.T) {
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(release) })
 	m, reg := newTestMetrics(t)
-	cfg := FetchConfig{Budget: initial, MinBudget: 16 << 10, MaxBudget: 1 << 20, Parallel: 1}
+	cfg := FetchConfig{ConnectionBudget: initial, MinConnectionBudget: 16 << 10, MaxConnectionBudget: 1 << 20, ParallelChunks: 1}
 	r := newFetchRegistry(t, cfg, []string{srv.URL}, WithMetrics(m))
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
@@ -609,7 +609,7 @@ func TestFetchBlobProbeFreedOnCancel(t *testing.T) {
 			}
 			servers[r.URL.Path].ServeHTTP(w, r)
 		})
-		cfg := FetchConfig{Budget: budget, MinBudget: budget, MaxBudget: 1 << 20, Parallel: 1, MaxConnections: 1}
+		cfg := FetchConfig{ConnectionBudget: budget, MinConnectionBudget: budget, MaxConnectionBudget: 1 << 20, ParallelChunks: 1, MaxConnections: 1}
 		r := newMemFetchRegistry(t, memNet{"registry.test": handlerRT{h}}, cfg, "https://registry.test")
 
 		// The small blob's one chunk (too short to be a probe) holds the
@@ -760,7 +760,7 @@ func TestBudget(t *testing.T) {
 
 	t.Run("growth", func(t *testing.T) {
 		t.Parallel()
-		b, g, _ := newTestBudget(t, FetchConfig{Budget: mib, MinBudget: 64 << 10, MaxBudget: 4 * mib})
+		b, g, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
 		check(t, "initial", b.get(), mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), mib)
 		checkNext(t, b, t0, 2*mib, true)
@@ -777,7 +777,7 @@ func TestBudget(t *testing.T) {
 	})
 	t.Run("a failed probe frees the next", func(t *testing.T) {
 		t.Parallel()
-		b, _, _ := newTestBudget(t, FetchConfig{Budget: mib, MinBudget: 64 << 10, MaxBudget: 4 * mib})
+		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
 		checkNext(t, b, t0, 2*mib, true)
 		b.failed(true)
 		checkNext(t, b, t0, 2*mib, true)
@@ -787,7 +787,7 @@ func TestBudget(t *testing.T) {
 	})
 	t.Run("cuts", func(t *testing.T) {
 		t.Parallel()
-		b, g, cuts := newTestBudget(t, FetchConfig{Budget: 2 * mib, MinBudget: 64 << 10, MaxBudget: 4 * mib})
+		b, g, cuts := newTestBudget(t, FetchConfig{ConnectionBudget: 2 * mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
 		check(t, "a cut at 1.3 MB: 3/4 of it", b.cut(1_300_000, false, "reset", t0), 975_000)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), 975_000)
 		check(t, "a larger cut changes nothing", b.cut(2_000_000, false, "eof", t0), 0)
@@ -806,7 +806,7 @@ func TestBudget(t *testing.T) {
 	})
 	t.Run("a cut restarts the count of probes", func(t *testing.T) {
 		t.Parallel()
-		b, _, _ := newTestBudget(t, FetchConfig{Budget: mib, MinBudget: 64 << 10, MaxBudget: 64 * mib})
+		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 64 * mib})
 		probes(t, b, growAfter-1, t0)
 		check(t, "a cut above the budget", b.cut(3*mib, false, "reset", t0), 0)
 		check(t, "growAfter-1 probes", probes(t, b, growAfter-1, t0), 0)
@@ -816,7 +816,7 @@ func TestBudget(t *testing.T) {
 	})
 	t.Run("fixed", func(t *testing.T) {
 		t.Parallel()
-		b, g, cuts := newTestBudget(t, FetchConfig{Budget: mib, MinBudget: 64 << 10, MaxBudget: mib})
+		b, g, cuts := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: mib})
 		checkNext(t, b, t0, mib, false)
 		check(t, "a chunk completes", b.completed(mib, false, t0), 0)
 		check(t, "a cut", b.cut(500_000, false, "reset", t0), 0)
@@ -834,26 +834,26 @@ func TestFetchConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
-	want := FetchConfig{Budget: 1 << 20, MaxBudget: 64 << 20, MinBudget: 64 << 10, Parallel: 4, MaxConnections: 16,
+	want := FetchConfig{ConnectionBudget: 1 << 20, MaxConnectionBudget: 64 << 20, MinConnectionBudget: 64 << 10, ParallelChunks: 4, MaxConnections: 16,
 		StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8}
 	if got != want {
 		t.Errorf("defaults: got %+v, want %+v", got, want)
 	}
-	kept := FetchConfig{Budget: 32 << 10, MaxBudget: 32 << 10, MinBudget: 16 << 10, Parallel: 2, MaxConnections: 3,
+	kept := FetchConfig{ConnectionBudget: 32 << 10, MaxConnectionBudget: 32 << 10, MinConnectionBudget: 16 << 10, ParallelChunks: 2, MaxConnections: 3,
 		StallTimeout: time.Second, FirstByteTimeout: 3 * time.Second, MaxAttempts: 5}
 	if got, err := kept.withDefaults(); err != nil || got != kept {
 		t.Errorf("settings given: got %+v, %v, want %+v, no error", got, err, kept)
 	}
 	bad := []FetchConfig{
-		{Budget: -1},
-		{Parallel: -1},
+		{ConnectionBudget: -1},
+		{ParallelChunks: -1},
 		{MaxConnections: -1},
 		{StallTimeout: -time.Second},
 		{FirstByteTimeout: -time.Second},
 		{MaxAttempts: -1},
-		{MinBudget: 2 << 20},            // above the default budget
-		{Budget: 128 << 20},             // above the default maximum
-		{Budget: 1 << 20, MaxBudget: 1}, // maximum below the budget
+		{MinConnectionBudget: 2 << 20},                      // above the default budget
+		{ConnectionBudget: 128 << 20},                       // above the default maximum
+		{ConnectionBudget: 1 << 20, MaxConnectionBudget: 1}, // maximum below the budget
 	}
 	for _, c := range bad {
 		if _, err := c.withDefaults(); err == nil {

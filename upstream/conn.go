@@ -12,21 +12,25 @@ import (
 )
 
 // FetchConfig tunes how blobs are fetched. The zero value of a field means
-// its default.
+// its default. Its fields are named as the configuration file's fetch keys
+// (connection_budget, parallel_chunks, …).
 type FetchConfig struct {
-	// Budget is the initial byte budget of one connection: a chunk is at most
+	// ConnectionBudget is the initial byte budget of one connection: a chunk is at most
 	// this long and gets a connection of its own. Default 1 MiB, below the
 	// smallest session cut seen on degraded carrier paths (1.3 MB). A
 	// kept-alive manifest, HEAD or token connection is retired once it has
 	// carried half the budget (see metaconn.go).
-	Budget int64
-	// MaxBudget is the ceiling an adaptive budget grows to on a clean path.
-	// Default 64 MiB. Set it equal to Budget for a fixed budget.
-	MaxBudget int64
-	// MinBudget is the floor a budget drops to after cuts. Default 64 KiB.
-	MinBudget int64
-	// Parallel is how many chunks of one blob are fetched at once. Default 4.
-	Parallel int
+	ConnectionBudget int64
+	// MaxConnectionBudget is the ceiling an adaptive budget grows to on a
+	// clean path. Default 64 MiB. Set it equal to ConnectionBudget for a
+	// fixed budget.
+	MaxConnectionBudget int64
+	// MinConnectionBudget is the floor a budget drops to after cuts.
+	// Default 64 KiB.
+	MinConnectionBudget int64
+	// ParallelChunks is how many chunks of one blob are fetched at once.
+	// Default 4.
+	ParallelChunks int
 	// MaxConnections bounds chunk connections of this upstream across all
 	// blobs. Default 16.
 	MaxConnections int
@@ -50,11 +54,11 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 			*v = d
 		}
 	}
-	def(&c.Budget, 1<<20)
-	def(&c.MinBudget, 64<<10)
-	def(&c.MaxBudget, 64<<20)
-	if c.Parallel == 0 {
-		c.Parallel = 4
+	def(&c.ConnectionBudget, 1<<20)
+	def(&c.MinConnectionBudget, 64<<10)
+	def(&c.MaxConnectionBudget, 64<<20)
+	if c.ParallelChunks == 0 {
+		c.ParallelChunks = 4
 	}
 	if c.MaxConnections == 0 {
 		c.MaxConnections = 16
@@ -69,13 +73,13 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 		c.MaxAttempts = 8
 	}
 	switch {
-	case c.Budget < 0 || c.MinBudget < 0 || c.MaxBudget < 0 || c.Parallel < 0 || c.MaxConnections < 0 ||
+	case c.ConnectionBudget < 0 || c.MinConnectionBudget < 0 || c.MaxConnectionBudget < 0 || c.ParallelChunks < 0 || c.MaxConnections < 0 ||
 		c.StallTimeout < 0 || c.FirstByteTimeout < 0 || c.MaxAttempts < 0:
 		return c, errors.New("fetch settings must not be negative")
-	case c.MinBudget > c.Budget:
-		return c, fmt.Errorf("minimum budget %d is above the budget %d", c.MinBudget, c.Budget)
-	case c.MaxBudget < c.Budget:
-		return c, fmt.Errorf("maximum budget %d is below the budget %d", c.MaxBudget, c.Budget)
+	case c.MinConnectionBudget > c.ConnectionBudget:
+		return c, fmt.Errorf("minimum budget %d is above the budget %d", c.MinConnectionBudget, c.ConnectionBudget)
+	case c.MaxConnectionBudget < c.ConnectionBudget:
+		return c, fmt.Errorf("maximum budget %d is below the budget %d", c.MaxConnectionBudget, c.ConnectionBudget)
 	}
 	return c, nil
 }

@@ -76,7 +76,7 @@ const (
 )
 
 func newBudget(cfg FetchConfig, gauge prometheus.Gauge, cuts *prometheus.CounterVec) *budget {
-	b := &budget{cfg: cfg, gauge: gauge, cuts: cuts, current: cfg.Budget}
+	b := &budget{cfg: cfg, gauge: gauge, cuts: cuts, current: cfg.ConnectionBudget}
 	gauge.Set(float64(b.current))
 	return b
 }
@@ -106,13 +106,13 @@ func (b *budget) next(now time.Time) (size int64, probe bool) {
 // growthLocked is the size a probe would try, or the current budget when
 // the budget may not grow.
 func (b *budget) growthLocked(now time.Time) int64 {
-	if b.cfg.MaxBudget <= b.cfg.Budget {
+	if b.cfg.MaxConnectionBudget <= b.cfg.ConnectionBudget {
 		return b.current // fixed
 	}
 	if b.minCut > 0 && now.Sub(b.lastCut) > cutMemory {
 		b.minCut = 0 // the path has been clean for a while: allow growth again
 	}
-	limit := b.cfg.MaxBudget
+	limit := b.cfg.MaxConnectionBudget
 	if b.minCut > 0 {
 		limit = min(limit, b.minCut*cutMarginNum/cutMarginDen)
 	}
@@ -166,10 +166,10 @@ func (b *budget) cut(n int64, probe bool, kind string, now time.Time) int64 {
 	if b.minCut == 0 || n < b.minCut {
 		b.minCut = n
 	}
-	if b.cfg.MaxBudget <= b.cfg.Budget {
+	if b.cfg.MaxConnectionBudget <= b.cfg.ConnectionBudget {
 		return 0 // fixed
 	}
-	next := max(b.minCut*cutMarginNum/cutMarginDen, b.cfg.MinBudget)
+	next := max(b.minCut*cutMarginNum/cutMarginDen, b.cfg.MinConnectionBudget)
 	if next >= b.current {
 		return 0
 	}

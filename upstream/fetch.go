@@ -102,7 +102,7 @@ func (f *blobFetch) run(ctx context.Context) error {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
-	for range f.r.fetch.Parallel {
+	for range f.r.fetch.ParallelChunks {
 		g.Go(func() error { return f.worker(gctx) })
 	}
 	return g.Wait()

@@ -438,7 +438,7 @@ func newFetchRegistry(t *testing.T, cfg FetchConfig, endpoints []string, opts ..
 
 // fixedBudget is a fetch configuration with a budget that does not adapt.
 func fixedBudget(n int64, parallel int) FetchConfig {
-	return FetchConfig{Budget: n, MinBudget: n, MaxBudget: n, Parallel: parallel}
+	return FetchConfig{ConnectionBudget: n, MinConnectionBudget: n, MaxConnectionBudget: n, ParallelChunks: parallel}
 }
 
 // newTestMetrics returns metrics registered on a registry of their own.
@@ -595,7 +595,7 @@ func TestFetchBlobResume(t *testing.T) {
 				cutAfter: tt.server.cutAfter, cutOnce: tt.server.cutOnce}
 			srv := httptest.NewServer(s)
 			t.Cleanup(srv.Close)
-			r := newFetchRegistry(t, FetchConfig{Parallel: 1}, []string{srv.URL})
+			r := newFetchRegistry(t, FetchConfig{ParallelChunks: 1}, []string{srv.URL})
 			known := int64(-1)
 			if tt.knownSize {
 				known = size
@@ -850,7 +850,7 @@ func TestFetchBlobRedirectResume(t *testing.T) {
 	})}
 	regSrv := httptest.NewServer(reg)
 	t.Cleanup(regSrv.Close)
-	r := newFetchRegistry(t, FetchConfig{Parallel: 1}, []string{regSrv.URL})
+	r := newFetchRegistry(t, FetchConfig{ParallelChunks: 1}, []string{regSrv.URL})
 	w := newMemBlobWriter(-1)
 	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 		t.Fatalf("got %v, want no error", err)
@@ -1094,7 +1094,7 @@ func TestFetchBlobGivesUp(t *testing.T) {
 				if tt.get != nil {
 					n["registry.test"] = s
 				}
-				r := newMemFetchRegistry(t, n, FetchConfig{Parallel: 1, MaxAttempts: tt.maxAttempts}, "https://registry.test")
+				r := newMemFetchRegistry(t, n, FetchConfig{ParallelChunks: 1, MaxAttempts: tt.maxAttempts}, "https://registry.test")
 				w := newMemBlobWriter(-1)
 				start := time.Now()
 				_, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w)
@@ -1132,7 +1132,7 @@ func TestFetchBlobProgressResetsAttempts(t *testing.T) {
 			}
 			return partialResponse(blob, rng, 1000)
 		}}
-		r := newMemFetchRegistry(t, memNet{"registry.test": s}, FetchConfig{Parallel: 1, MaxAttempts: 5}, "https://registry.test")
+		r := newMemFetchRegistry(t, memNet{"registry.test": s}, FetchConfig{ParallelChunks: 1, MaxAttempts: 5}, "https://registry.test")
 		w := newMemBlobWriter(-1)
 		if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
 			t.Fatalf("got %v, want no error", err)
@@ -1154,7 +1154,7 @@ func TestFetchBlobCancelledWhileBackingOff(t *testing.T) {
 		s := &scriptedBlob{size: -1, get: func(int, string) *http.Response { return response(502, nil, 0, strings.NewReader("")) }}
 		// One worker: more would share the count of failed attempts and
 		// might give up before the deadline.
-		r := newMemFetchRegistry(t, memNet{"registry.test": s}, FetchConfig{Parallel: 1}, "https://registry.test")
+		r := newMemFetchRegistry(t, memNet{"registry.test": s}, FetchConfig{ParallelChunks: 1}, "https://registry.test")
 		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
 		defer cancel()
 		start := time.Now()

@@ -151,7 +151,7 @@ func TestDegradedEndpointAvoided(t *testing.T) {
 	t.Cleanup(good.Close)
 	tr := NewTransport()
 	r, err := New("ecr", []string{bad.URL, good.URL}, WithTransport(tr), WithLogger(discardLogger),
-		WithFetchConfig(FetchConfig{Budget: 64 << 10, MinBudget: 16 << 10, MaxBudget: 64 << 10, MaxAttempts: 100}))
+		WithFetchConfig(FetchConfig{ConnectionBudget: 64 << 10, MinConnectionBudget: 16 << 10, MaxConnectionBudget: 64 << 10, MaxAttempts: 100}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ func (r *Registry) newMetaTransport(base http.RoundTripper) *metaTransport {
 	if !ok {
 		return mt // a caller's own RoundTripper: used as it is, with retries
 	}
-	mt.meter = newMeter(r.endpoints, r.fetch.MinBudget)
+	mt.meter = newMeter(r.endpoints, r.fetch.MinConnectionBudget)
 	mt.pooled = mt.meter.transport(t, true)
 	mt.fresh = mt.meter.transport(t, false)
 	return mt

@@ -76,7 +76,7 @@ func TestMetadataConnRetired(t *testing.T) {
 	tr := NewTransport()
 	t.Cleanup(tr.CloseIdleConnections)
 	r, err := New(testUpstream, []string{srv.URL}, WithTransport(tr), WithLogger(discardLogger), WithMetrics(m),
-		WithFetchConfig(FetchConfig{Budget: 16 << 10, MinBudget: 8 << 10, MaxBudget: 32 << 10}))
+		WithFetchConfig(FetchConfig{ConnectionBudget: 16 << 10, MinConnectionBudget: 8 << 10, MaxConnectionBudget: 32 << 10}))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -372,7 +372,7 @@ func TestMetadataConnRetiredTLS(t *testing.T) {
 	t.Cleanup(tr.CloseIdleConnections)
 	m, reg := newTestMetrics(t)
 	r, err := New(testUpstream, []string{srv.URL}, WithTransport(tr), WithLogger(discardLogger), WithMetrics(m),
-		WithFetchConfig(FetchConfig{Budget: 16 << 10, MinBudget: 8 << 10, MaxBudget: 32 << 10}))
+		WithFetchConfig(FetchConfig{ConnectionBudget: 16 << 10, MinConnectionBudget: 8 << 10, MaxConnectionBudget: 32 << 10}))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -416,7 +416,7 @@ func TestMetadataConnRetiredTLS(t *testing.T) {
 func TestMeterThreshold(t *testing.T) {
 	t.Parallel()
 	r, err := New(testUpstream, []string{"https://Registry.Example", "http://mirror.example:5000/prefix"},
-		WithLogger(discardLogger), WithFetchConfig(FetchConfig{Budget: 1 << 20, MinBudget: 64 << 10, MaxBudget: 8 << 20}))
+		WithLogger(discardLogger), WithFetchConfig(FetchConfig{ConnectionBudget: 1 << 20, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 8 << 20}))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

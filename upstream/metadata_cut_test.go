@@ -164,9 +164,9 @@ func TestMetadataThroughCarrier(t *testing.T) {
 		// and only sessions already carrying requests can still be cut.
 		maxCuts int64
 	}{
-		{name: "budget floor above the cut", cfg: FetchConfig{MinBudget: 128 << 10}, minCuts: 10},
-		{name: "budget learnt", cfg: FetchConfig{MinBudget: 8 << 10}, minCuts: 1, maxCuts: workers},
-		{name: "bearer tokens across the carrier", cfg: FetchConfig{MinBudget: 128 << 10}, bearer: true, minCuts: 10},
+		{name: "budget floor above the cut", cfg: FetchConfig{MinConnectionBudget: 128 << 10}, minCuts: 10},
+		{name: "budget learnt", cfg: FetchConfig{MinConnectionBudget: 8 << 10}, minCuts: 1, maxCuts: workers},
+		{name: "bearer tokens across the carrier", cfg: FetchConfig{MinConnectionBudget: 128 << 10}, bearer: true, minCuts: 10},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

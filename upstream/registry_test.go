@@ -713,7 +713,7 @@ func TestMetrics(t *testing.T) {
 	t.Cleanup(tr.CloseIdleConnections)
 	closed := closedURL(t)
 	opts := []Option{WithTransport(tr), WithLogger(discardLogger), WithMetrics(m),
-		WithFetchConfig(FetchConfig{Budget: 1 << 20, MaxBudget: 2 << 20})}
+		WithFetchConfig(FetchConfig{ConnectionBudget: 1 << 20, MaxConnectionBudget: 2 << 20})}
 	r, err := New("m.example", []string{closed, srv.URL}, opts...)
 	if err != nil {
 		t.Fatalf("New: %v", err)

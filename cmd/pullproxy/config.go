@@ -45,13 +45,13 @@ type fetchConfig struct {
 
 func (f fetchConfig) options() upstream.FetchConfig {
 	return upstream.FetchConfig{
-		Budget:           int64(f.ConnectionBudget),
-		MaxBudget:        int64(f.MaxConnectionBudget),
-		Parallel:         f.ParallelChunks,
-		MaxConnections:   f.MaxConnections,
-		StallTimeout:     f.StallTimeout,
-		FirstByteTimeout: f.FirstByteTimeout,
-		MaxAttempts:      f.MaxAttempts,
+		ConnectionBudget:    int64(f.ConnectionBudget),
+		MaxConnectionBudget: int64(f.MaxConnectionBudget),
+		ParallelChunks:      f.ParallelChunks,
+		MaxConnections:      f.MaxConnections,
+		StallTimeout:        f.StallTimeout,
+		FirstByteTimeout:    f.FirstByteTimeout,
+		MaxAttempts:         f.MaxAttempts,
 	}
 }
 
