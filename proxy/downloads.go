@@ -148,7 +148,7 @@ func (t *downloads) run(rt route, dl *download) {
 	}
 	t.remove(d, dl)
 
-	if errors.Is(err, storage.ErrDigestMismatch) && served != "" {
+	if errors.Is(err, storage.ErrDigestMismatch) && !errors.Is(err, storage.ErrChangedOnDisk) && served != "" {
 		// The upstream remembers, and asks that endpoint no more for d.
 		rt.up.ReportCorrupt(d, served, err)
 		if len(rt.up.Endpoints()) > 1 {

@@ -319,8 +319,8 @@ func TestPartialResumeChangedPrefix(t *testing.T) {
 		t.Fatalf("resumed at: got %v, want %v", start, size/2)
 	}
 	writeSpans(t, q, data, []span{{size / 2, size}})
-	if err := q.Commit(t.Context()); !errors.Is(err, ErrDigestMismatch) {
-		t.Fatalf("Commit: got %v, want %v", err, ErrDigestMismatch)
+	if err := q.Commit(t.Context()); !errors.Is(err, ErrDigestMismatch) || !errors.Is(err, ErrChangedOnDisk) {
+		t.Fatalf("Commit: got %v, want %v and %v (the disk, not the upstream, is to blame)", err, ErrDigestMismatch, ErrChangedOnDisk)
 	}
 	if _, err := os.Stat(s.blobPath(d)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("blob file after the failed Commit: got %v, want %v", err, fs.ErrNotExist)

@@ -402,8 +402,8 @@ func (p *Partial) checkResumedPrefix() error {
 		return fmt.Errorf("committing %s: re-reading the resumed prefix: %w", p.digest, err)
 	}
 	if n != p.resumedHashed || !bytes.Equal(h.Sum(nil), p.resumedSum) {
-		return fmt.Errorf("committing %s: bytes 0-%d changed on disk since they were hashed before the restart (%d bytes read back): %w",
-			p.digest, p.resumedHashed-1, n, ErrDigestMismatch)
+		return fmt.Errorf("committing %s: bytes 0-%d changed on disk since they were hashed before the restart (%d bytes read back): %w: %w",
+			p.digest, p.resumedHashed-1, n, ErrDigestMismatch, ErrChangedOnDisk)
 	}
 	return nil
 }

@@ -22,6 +22,10 @@ var (
 	ErrDigestMismatch = errors.New("digest mismatch")
 	// ErrSizeMismatch: a blob's bytes disagree with the size it was declared to have.
 	ErrSizeMismatch = errors.New("size mismatch")
+	// ErrChangedOnDisk: bytes on local disk are not the ones written, for
+	// example a partial file edited or damaged while pullproxy was down.
+	// It comes with ErrDigestMismatch; the upstream is not to blame.
+	ErrChangedOnDisk = errors.New("changed on disk")
 )
 
 // Store is pullproxy's local cache: blob files plus a Badger metadata database,
