@@ -16,10 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/google/go-containerregistry/pkg/v1/random"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -40,18 +37,8 @@ func pushCutImages(t *testing.T, srv *httptest.Server, n int) []cutImage {
 	t.Helper()
 	var imgs []cutImage
 	for i := range n {
-		img, err := random.Image(512, 2)
-		if err != nil {
-			t.Fatalf("random.Image: %v", err)
-		}
 		repo, tag := fmt.Sprintf("team%d/app", i%2), fmt.Sprintf("v%d", i)
-		ref, err := name.ParseReference(host(srv)+"/"+repo+":"+tag, name.Insecure)
-		if err != nil {
-			t.Fatalf("ParseReference: %v", err)
-		}
-		if err := remote.Write(ref, img, remote.WithContext(t.Context())); err != nil {
-			t.Fatalf("remote.Write: %v", err)
-		}
+		img := pushRandomImage(t, srv, repo+":"+tag, 512, 2)
 		d, _ := img.Digest()
 		raw, _ := img.RawManifest()
 		mt, _ := img.MediaType()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
@@ -99,6 +100,24 @@ func asError(t *testing.T, err error) *Error {
 
 // host returns the host:port of an httptest server.
 func host(s *httptest.Server) string { return strings.TrimPrefix(s.URL, "http://") }
+
+// pushRandomImage pushes a random image of the given layers to the registry
+// at srv as repoTag ("repo:tag").
+func pushRandomImage(t *testing.T, srv *httptest.Server, repoTag string, layerSize, layers int64) v1.Image {
+	t.Helper()
+	img, err := random.Image(layerSize, layers)
+	if err != nil {
+		t.Fatalf("random.Image: %v", err)
+	}
+	ref, err := name.ParseReference(host(srv)+"/"+repoTag, name.Insecure)
+	if err != nil {
+		t.Fatalf("ParseReference: %v", err)
+	}
+	if err := remote.Write(ref, img, remote.WithContext(t.Context())); err != nil {
+		t.Fatalf("remote.Write: %v", err)
+	}
+	return img
+}
 
 // allKinds are the error kinds an *Error can have.
 var allKinds = []error{ErrNotFound, ErrUnauthorized, ErrDenied, ErrTooManyRequests, ErrUnavailable, ErrInvalid}
@@ -765,17 +784,7 @@ func TestAgainstRegistry(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	t.Cleanup(srv.Close)
-	img, err := random.Image(3000, 2)
-	if err != nil {
-		t.Fatalf("random.Image: %v", err)
-	}
-	ref, err := name.ParseReference(host(srv)+"/org/app:v1", name.Insecure)
-	if err != nil {
-		t.Fatalf("ParseReference: %v", err)
-	}
-	if err := remote.Write(ref, img, remote.WithContext(t.Context())); err != nil {
-		t.Fatalf("remote.Write: %v", err)
-	}
+	img := pushRandomImage(t, srv, "org/app:v1", 3000, 2)
 	wantDigest, _ := img.Digest()
 	wantManifest, _ := img.RawManifest()
 	wantType, _ := img.MediaType()
