@@ -21,6 +21,18 @@
 // interleave in small slices; the bucket holds max(64 KiB, 4 ms worth of
 // Bandwidth), which absorbs Go's ~1 ms timer granularity.
 //
+// A wide-area path is modelled with Config.RTT: each direction is delayed by
+// half of it (a delay line per direction, which keeps the byte stream's
+// timing), Config.SetupRTTs round trips pass before the first byte of a new
+// session moves (TCP's handshake; a TLS handshake between the ends is real
+// and costs its own round trips through the delay), and with
+// Config.SlowStart the target→client direction may have at most a
+// congestion window of bytes unacknowledged, where a byte counts as
+// acknowledged one RTT after it was sent and each acknowledged byte grows the
+// window by one (TCP slow start: the window doubles each round trip), from
+// InitialWindow up to MaxWindow. Cuts count bytes as the client receives
+// them, after the delay.
+//
 // Closing: when either direction of a session ends (EOF or error on one side)
 // both sides are closed; half-closes are not propagated.
 //
@@ -91,6 +103,19 @@ type Config struct {
 	// together; 0 means unlimited. The client→target direction is never
 	// limited.
 	Bandwidth int64
+	// RTT is the path's round-trip time: each direction is delayed by half
+	// of it. 0: no delay.
+	RTT time.Duration
+	// SetupRTTs is how many round trips a new session waits before any of
+	// its bytes move, for the handshakes the relay does not see: 1 for TCP's
+	// (a TLS handshake spoken through the relay pays its own). Needs RTT.
+	SetupRTTs int
+	// SlowStart limits each session's unacknowledged target→client bytes to
+	// a congestion window that starts at InitialWindow (default 10 segments
+	// of 1448 bytes, as Linux) and doubles each round trip up to MaxWindow
+	// (default 6 MiB, Linux's largest autotuned receive window). Needs RTT.
+	SlowStart                bool
+	InitialWindow, MaxWindow int64
 	// Seed seeds the random source (math/rand/v2 PCG). Each accepted
 	// session consumes the same amount of randomness whatever the config,
 	// so relays with the same seed make the same decisions for their n-th
@@ -116,12 +141,36 @@ func (c Config) validate() error {
 	if c.Bandwidth < 0 {
 		return fmt.Errorf("carrier: negative Bandwidth %d", c.Bandwidth)
 	}
+	if c.RTT < 0 || c.SetupRTTs < 0 || c.InitialWindow < 0 || c.MaxWindow < 0 {
+		return errors.New("carrier: negative RTT, SetupRTTs or window")
+	}
+	if iw, mw := c.windows(); c.SlowStart && mw < iw {
+		return fmt.Errorf("carrier: MaxWindow %d below InitialWindow %d", mw, iw)
+	}
 	return nil
+}
+
+const (
+	defaultInitialWindow = 10 * 1448
+	defaultMaxWindow     = 6 << 20
+)
+
+// windows returns the slow-start windows, defaults applied.
+func (c Config) windows() (initial, ceiling int64) {
+	initial, ceiling = c.InitialWindow, c.MaxWindow
+	if initial == 0 {
+		initial = defaultInitialWindow
+	}
+	if ceiling == 0 {
+		ceiling = max(defaultMaxWindow, initial)
+	}
+	return initial, ceiling
 }
 
 // Stats are the relay's counters since Start.
 type Stats struct {
 	Sessions  int64 // connections accepted
+	PeakOpen  int64 // the most sessions open at once
 	Cut       int64 // sessions killed by the relay (they reached their cut)
 	BytesDown int64 // target→client bytes forwarded
 	BytesUp   int64 // client→target bytes forwarded
@@ -142,6 +191,7 @@ type Relay struct {
 	cancel context.CancelFunc
 	lim    limiter
 	wg     sync.WaitGroup // accept loop and session goroutines
+	pool   sync.Pool      // *[]byte of bufSize for the delay lines
 
 	mu       sync.Mutex
 	cfg      Config
@@ -150,6 +200,7 @@ type Relay struct {
 	closed   bool
 
 	nSessions, nCut, bytesDown, bytesUp atomic.Int64
+	open, peakOpen                      atomic.Int64
 }
 
 // Start validates cfg, listens on 127.0.0.1 on a free port and starts
@@ -173,6 +224,7 @@ func Start(cfg Config) (*Relay, error) {
 		sessions: make(map[*session]struct{}),
 	}
 	r.lim.init(cfg.Bandwidth)
+	r.pool.New = func() any { b := make([]byte, bufSize); return &b }
 	r.wg.Add(1)
 	go r.acceptLoop()
 	return r, nil
@@ -215,6 +267,7 @@ func (r *Relay) SetConfig(cfg Config) error {
 func (r *Relay) Stats() Stats {
 	return Stats{
 		Sessions:  r.nSessions.Load(),
+		PeakOpen:  r.peakOpen.Load(),
 		Cut:       r.nCut.Load(),
 		BytesDown: r.bytesDown.Load(),
 		BytesUp:   r.bytesUp.Load(),
@@ -258,6 +311,12 @@ func (r *Relay) acceptLoop() {
 			continue
 		}
 		r.nSessions.Add(1)
+		for n := r.open.Add(1); ; {
+			peak := r.peakOpen.Load()
+			if n <= peak || r.peakOpen.CompareAndSwap(peak, n) {
+				break
+			}
+		}
 		r.mu.Lock()
 		// Always draw the same amount of randomness per session so that the
 		// sequence does not depend on the configuration.
@@ -265,10 +324,11 @@ func (r *Relay) acceptLoop() {
 		cfg := r.cfg
 		if r.closed {
 			r.mu.Unlock()
+			r.open.Add(-1)
 			c.Close()
 			return
 		}
-		s := &session{r: r, c: c.(*net.TCPConn), cut: -1, mode: cfg.Mode}
+		s := &session{r: r, c: c.(*net.TCPConn), cut: -1, mode: cfg.Mode, path: cfg}
 		if f < cfg.CutProb {
 			// Modulo bias is below 2^-40 for any realistic range.
 			s.cut = cfg.CutMin + int64(v%(uint64(cfg.CutMax-cfg.CutMin)+1))
@@ -287,6 +347,7 @@ type session struct {
 	c      *net.TCPConn // client side
 	cut    int64        // bytes down before the kill; -1 if not doomed
 	mode   Mode
+	path   Config          // RTT, set-up and slow start, as when the session was accepted
 	ctx    context.Context // canceled when the session closes
 	cancel context.CancelFunc
 	dead   atomic.Bool // cut reached: client data is discarded from now on
@@ -321,8 +382,18 @@ func (s *session) serve() {
 		r.mu.Lock()
 		delete(r.sessions, s)
 		r.mu.Unlock()
+		r.open.Add(-1)
 		r.wg.Done()
 	}()
+	if s.path.RTT > 0 && s.path.SetupRTTs > 0 {
+		t := time.NewTimer(time.Duration(s.path.SetupRTTs) * s.path.RTT)
+		select {
+		case <-t.C:
+		case <-s.ctx.Done():
+			t.Stop()
+			return
+		}
+	}
 	d := net.Dialer{Timeout: 10 * time.Second}
 	uc, err := d.DialContext(s.ctx, "tcp", r.target)
 	if err != nil {
@@ -346,34 +417,78 @@ func (s *session) serve() {
 	<-upDone
 }
 
-// up copies client→target until the client side fails; after the cut it
-// only reads (to notice the client closing) and discards.
+// up copies client→target, half a round trip late, until the client side
+// fails; after the cut it only reads (to notice the client closing) and
+// discards.
 func (s *session) up() {
-	defer s.close(false)
+	forward := func(p []byte) error {
+		if s.dead.Load() {
+			return nil
+		}
+		w, err := s.u.Write(p)
+		s.r.bytesUp.Add(int64(w))
+		if err != nil && !s.dead.Load() {
+			return err
+		}
+		return nil
+	}
+	var line *delayLine
+	if s.path.RTT > 0 {
+		line = newDelayLine(s.ctx, &s.r.pool, s.path.RTT/2, forward, func(bool) { s.close(false) })
+		forward = line.send
+	}
 	buf := make([]byte, bufSize)
 	for {
 		n, err := s.c.Read(buf)
-		if n > 0 && !s.dead.Load() {
-			w, werr := s.u.Write(buf[:n])
-			s.r.bytesUp.Add(int64(w))
-			if werr != nil && !s.dead.Load() {
-				return
-			}
+		if n > 0 && forward(buf[:n]) != nil {
+			break
 		}
 		if err != nil {
-			return
+			break
 		}
 	}
+	if line != nil {
+		line.close() // what the client sent before it closed still arrives
+	}
+	s.close(false)
 }
 
-// down copies target→client, rate limited, up to the cut, then kills the
-// session. It closes the session when it returns, except on a stall.
+// down copies target→client, rate limited (and window limited in slow
+// start), half a round trip late, up to the cut, then kills the session. It
+// closes the session when it returns, except on a stall.
 func (s *session) down() {
 	r := s.r
 	remaining := s.cut
 	if remaining == 0 {
 		s.kill()
 		return
+	}
+	var win *window
+	if s.path.SlowStart && s.path.RTT > 0 {
+		initial, ceiling := s.path.windows()
+		win = newWindow(s.path.RTT, initial, ceiling)
+	}
+	deliver := func(p []byte) error {
+		w, err := s.c.Write(p)
+		r.bytesDown.Add(int64(w))
+		return err
+	}
+	// end runs once everything read is delivered: the cut, or the target's end.
+	end := func(failed bool) {
+		switch {
+		case failed:
+			s.close(false)
+		case remaining == 0:
+			s.kill()
+		default:
+			s.c.CloseWrite() // the target finished (or failed): pass the end on after the data
+			s.close(false)
+		}
+	}
+	var line *delayLine
+	if s.path.RTT > 0 {
+		line = newDelayLine(s.ctx, &r.pool, s.path.RTT/2, deliver, end)
+		defer line.close() // its end runs end once the bytes read are delivered
 	}
 	buf := make([]byte, bufSize)
 	timer := time.NewTimer(time.Hour)
@@ -385,29 +500,39 @@ func (s *session) down() {
 			p = p[:remaining]
 		}
 		n, rerr := s.u.Read(p)
-		if n > 0 {
-			if err := r.lim.wait(s.ctx, timer, n); err != nil {
-				s.close(false)
-				return
-			}
-			w, werr := s.c.Write(p[:n])
-			r.bytesDown.Add(int64(w))
-			if werr != nil {
-				s.close(false)
-				return
-			}
-			if remaining >= 0 {
-				remaining -= int64(n)
-				if remaining == 0 {
-					s.kill()
+		for sent := 0; sent < n; {
+			k := n - sent
+			if win != nil {
+				var err error
+				if k, err = win.reserve(s.ctx, k); err != nil {
+					s.close(false)
 					return
 				}
 			}
+			if err := r.lim.wait(s.ctx, timer, k); err != nil {
+				s.close(false)
+				return
+			}
+			q := p[sent : sent+k]
+			sent += k
+			if line != nil {
+				if line.send(q) != nil {
+					return
+				}
+				continue
+			}
+			if deliver(q) != nil {
+				s.close(false)
+				return
+			}
 		}
-		if rerr != nil {
-			// Target finished (or failed): pass the end on after the data.
-			s.c.CloseWrite()
-			s.close(false)
+		if remaining >= 0 {
+			remaining -= int64(n)
+		}
+		if remaining == 0 || rerr != nil {
+			if line == nil {
+				end(false)
+			}
 			return
 		}
 	}

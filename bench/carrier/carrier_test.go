@@ -207,7 +207,7 @@ func TestCut(t *testing.T) {
 			if err := r.Close(); err != nil {
 				t.Fatal(err)
 			}
-			want := Stats{Sessions: 1, Cut: 1, BytesDown: cut, BytesUp: 5}
+			want := Stats{Sessions: 1, PeakOpen: 1, Cut: 1, BytesDown: cut, BytesUp: 5}
 			if got := r.Stats(); got != want {
 				t.Fatalf("stats %+v, want %+v", got, want)
 			}
@@ -248,7 +248,7 @@ func TestClean(t *testing.T) {
 	c.Close()
 	srv.waitEnded(t, 1)
 	r.Close()
-	if got, want := r.Stats(), (Stats{Sessions: 1, BytesDown: size}); got != want {
+	if got, want := r.Stats(), (Stats{Sessions: 1, PeakOpen: 1, BytesDown: size}); got != want {
 		t.Fatalf("stats %+v, want %+v", got, want)
 	}
 }
