@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -25,14 +24,18 @@ type FetchConfig struct {
 	// clean path. Default 64 MiB. Set it equal to ConnectionBudget for a
 	// fixed budget.
 	MaxConnectionBudget int64
-	// MinConnectionBudget is the floor a budget drops to after cuts.
-	// Default 64 KiB.
+	// MinConnectionBudget is the floor a budget drops to after cuts; a
+	// session that fails before carrying this much is not taken for a
+	// byte-count cut. Default 64 KiB, or ConnectionBudget if smaller.
 	MinConnectionBudget int64
-	// ParallelChunks is how many chunks of one blob are fetched at once.
-	// Default 4.
+	// ParallelChunks caps how many chunks of one blob are fetched at once.
+	// Default 0: no cap of its own, one blob may use every connection its
+	// endpoint's limit allows.
 	ParallelChunks int
-	// MaxConnections bounds chunk connections of this upstream across all
-	// blobs. Default 16.
+	// MaxConnections is the ceiling of chunk connections in flight to one
+	// endpoint, across all blobs. The limit in force adapts to the path
+	// below it (see pipe). Default 64: lower it for an upstream that
+	// refuses many connections from one client.
 	MaxConnections int
 	// StallTimeout abandons a connection that goes silent for this long once
 	// it has started answering. Default 2 s: a black hole is caught in
@@ -55,13 +58,10 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 		}
 	}
 	def(&c.ConnectionBudget, 1<<20)
-	def(&c.MinConnectionBudget, 64<<10)
+	def(&c.MinConnectionBudget, min(64<<10, c.ConnectionBudget))
 	def(&c.MaxConnectionBudget, 64<<20)
-	if c.ParallelChunks == 0 {
-		c.ParallelChunks = 4
-	}
 	if c.MaxConnections == 0 {
-		c.MaxConnections = 16
+		c.MaxConnections = 64
 	}
 	if c.StallTimeout == 0 {
 		c.StallTimeout = 2 * time.Second
@@ -77,41 +77,54 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 		c.StallTimeout < 0 || c.FirstByteTimeout < 0 || c.MaxAttempts < 0:
 		return c, errors.New("fetch settings must not be negative")
 	case c.MinConnectionBudget > c.ConnectionBudget:
-		return c, fmt.Errorf("minimum budget %d is above the budget %d", c.MinConnectionBudget, c.ConnectionBudget)
+		return c, fmt.Errorf("min_connection_budget %d is above connection_budget %d", c.MinConnectionBudget, c.ConnectionBudget)
 	case c.MaxConnectionBudget < c.ConnectionBudget:
-		return c, fmt.Errorf("maximum budget %d is below the budget %d", c.MaxConnectionBudget, c.ConnectionBudget)
+		return c, fmt.Errorf("max_connection_budget %d is below connection_budget %d", c.MaxConnectionBudget, c.ConnectionBudget)
 	}
 	return c, nil
 }
 
-// newChunkClient returns the client chunks are fetched with: one connection
-// per request (a keep-alive pool would quietly carry many chunks on one
-// session, defeating the budget), HTTP/1.1 only (HTTP/2 multiplexes every
-// chunk onto one session), redirects returned rather than followed (so a
-// signed URL is resolved once and reused), and a read deadline renewed on
-// every read, which abandons a silent connection without limiting a slow one.
-func newChunkClient(base *http.Transport, firstByte, stall time.Duration) *http.Client {
+// newChunkClient returns the client chunks are fetched with, and its dialer:
+// one connection per request (a keep-alive pool would quietly carry many
+// chunks on one session, defeating the budget), HTTP/1.1 only (HTTP/2
+// multiplexes every chunk onto one session), redirects returned rather than
+// followed (so a signed URL is resolved once and reused), and a read
+// deadline renewed on every read, which abandons a silent connection
+// without limiting a slow one. See chunkDialer for TLS resumption and warm
+// connections.
+func newChunkClient(base *http.Transport, firstByte, stall time.Duration) (*http.Client, *chunkDialer) {
 	t := base.Clone()
 	t.DisableKeepAlives = true
 	t.ForceAttemptHTTP2 = false
 	t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	cfg := t.TLSClientConfig
+	if cfg == nil {
+		cfg = &tls.Config{}
+	}
+	cfg = cfg.Clone()
+	cfg.NextProtos = []string{"http/1.1"}
+	if cfg.ClientSessionCache == nil {
+		cfg.ClientSessionCache = tls.NewLRUClientSessionCache(sessionCacheSize)
+	}
+	t.TLSClientConfig = cfg // a proxied https request's handshake is the transport's
 	dial := t.DialContext
 	if dial == nil {
 		dial = (&net.Dialer{Timeout: 10 * time.Second}).DialContext
 	}
-	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c, err := dial(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return &idleTimeoutConn{Conn: c, first: firstByte, idle: stall}, nil
-	}
+	d := &chunkDialer{proxy: t.Proxy, dial: dial, tls: cfg, first: firstByte, idle: stall,
+		warm: map[string][]warmConn{}, setup: map[string]time.Duration{}}
+	t.DialContext = d.dialTCP
+	t.DialTLSContext = d.dialTLS
 	t.ResponseHeaderTimeout = max(firstByte, t.ResponseHeaderTimeout)
 	return &http.Client{
 		Transport:     t,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
+	}, d
 }
+
+// sessionCacheSize is how many TLS sessions a client keeps for resumption:
+// one per server name is what counts.
+const sessionCacheSize = 64
 
 // idleTimeoutConn fails a read that waits longer than first for the first
 // byte after something was sent (a TLS handshake message, a request), or

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ type endpoint struct {
 	host   string // label for logs and metrics
 	region string // for regional registries (ECR), else ""
 	budget *budget
+	pipe   *pipe
 	chunks *prometheus.CounterVec // chunks by result, curried with upstream and endpoint
 	up     prometheus.Gauge
 	health health
@@ -47,12 +49,24 @@ func (ep *endpoint) name() string {
 // kills sessions after a byte count, so the connection, not the request, is
 // the unit to control.
 //
-// An adaptive budget grows by probing: one chunk at a time asks for twice the
-// budget, and after growAfter such probes in a row complete, the larger
-// budget is adopted. A session that dies part-way drops the budget below the
-// smallest cut seen and caps growth there while cuts are recent. Probing one
-// chunk at a time bounds what finding the edge costs: on a path that stalls
-// sessions, one stalled chunk rather than a wave of them.
+// An adaptive budget grows by probing: a chunk asks for twice the budget,
+// and after growAfter such probes in a row complete, the larger budget is
+// adopted. Once a session was cut recently, one probe at a time is in
+// flight: that bounds what finding the edge costs (on a path that stalls
+// sessions, one stalled chunk rather than a wave). On a path with no recent
+// cut, cleanProbes probe at once, so that the budget grows in a few chunk
+// lifetimes: large chunks spend fewer round trips in set-up and slow start.
+//
+// Sessions that die part-way are cut points, and the carrier's cut-off is
+// estimated from the recent ones as the (cutOutliers+1)-th smallest, so that
+// a stray early reset does not move it. What a reader counts is only a lower
+// bound of where a session was cut: a reset discards what the reader had not
+// read yet, so a reader that lags (a busy CPU, a slow disk) sees the cut
+// early. Probes grow the budget up to 3/4 of the estimate. The budget drops,
+// to 3/4 of the estimate from regular chunks, only once more than
+// cutOutliers regular chunks died below it: a probe above a budget that
+// works never drags it down, and a chunk size that keeps completing is never
+// given up for one odd event.
 type budget struct {
 	cfg   FetchConfig
 	gauge prometheus.Gauge
@@ -60,18 +74,32 @@ type budget struct {
 
 	mu        sync.Mutex
 	current   int64
-	minCut    int64 // smallest number of bytes a session carried before dying; 0: none seen
-	lastCut   time.Time
-	probing   bool // a probe chunk is in flight
+	points    [cutSamples]cutPoint // ring of recent cut points
+	nextPoint int
+	probing   int // probe chunks in flight
 	probeWins int  // probes completed in a row at the next size
+}
+
+type cutPoint struct {
+	at    time.Time // zero: an empty slot
+	n     int64
+	probe bool
 }
 
 const (
 	// growAfter probes completed in a row at twice the budget adopt it.
 	growAfter = 8
-	// cutMemory is how long a cut keeps capping the budget.
+	// cleanProbes is how many probes may be in flight on a path with no
+	// recent cut.
+	cleanProbes = 4
+	// cutMemory is how long a cut point counts.
 	cutMemory = 10 * time.Minute
-	// cutMargin: the budget stays at this fraction of the smallest cut seen.
+	// cutSamples is how many recent cut points are kept.
+	cutSamples = 32
+	// cutOutliers is how many cut points below the carrier's real cut-off
+	// the estimate tolerates.
+	cutOutliers = 2
+	// cutMargin: the budget stays at this fraction of the estimated cut-off.
 	cutMarginNum, cutMarginDen = 3, 4
 )
 
@@ -93,11 +121,15 @@ func (b *budget) get() int64 {
 func (b *budget) next(now time.Time) (size int64, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.probing {
+	most := 1
+	if edge, _ := b.edgeLocked(now, false); edge == 0 {
+		most = cleanProbes
+	}
+	if b.probing >= most {
 		return b.current, false
 	}
 	if g := b.growthLocked(now); g > b.current {
-		b.probing = true
+		b.probing++
 		return g, true
 	}
 	return b.current, false
@@ -109,14 +141,36 @@ func (b *budget) growthLocked(now time.Time) int64 {
 	if b.cfg.MaxConnectionBudget <= b.cfg.ConnectionBudget {
 		return b.current // fixed
 	}
-	if b.minCut > 0 && now.Sub(b.lastCut) > cutMemory {
-		b.minCut = 0 // the path has been clean for a while: allow growth again
-	}
 	limit := b.cfg.MaxConnectionBudget
-	if b.minCut > 0 {
-		limit = min(limit, b.minCut*cutMarginNum/cutMarginDen)
+	if edge, _ := b.edgeLocked(now, false); edge > 0 {
+		limit = min(limit, edge*cutMarginNum/cutMarginDen)
 	}
 	return min(b.current*2, limit)
+}
+
+// edgeLocked estimates where the path cuts sessions from the recent cut
+// points (of regular chunks only, with regular): the (cutOutliers+1)-th
+// smallest, or the largest when there are fewer. It returns 0 when no cut is
+// recent, and how many recent cut points of regular chunks lie below the
+// current budget.
+func (b *budget) edgeLocked(now time.Time, regular bool) (edge int64, below int) {
+	var recent [cutSamples]int64
+	n := 0
+	for _, p := range b.points {
+		if p.at.IsZero() || now.Sub(p.at) >= cutMemory || (regular && p.probe) {
+			continue
+		}
+		recent[n] = p.n
+		n++
+		if !p.probe && p.n < b.current {
+			below++
+		}
+	}
+	if n == 0 {
+		return 0, 0
+	}
+	slices.Sort(recent[:n])
+	return recent[min(n, cutOutliers+1)-1], below
 }
 
 // completed records a chunk that finished on its connection. It returns the
@@ -127,7 +181,7 @@ func (b *budget) completed(size int64, probe bool, now time.Time) int64 {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.probing = false
+	b.probing--
 	if b.probeWins++; b.probeWins < growAfter {
 		return 0
 	}
@@ -144,7 +198,7 @@ func (b *budget) completed(size int64, probe bool, now time.Time) int64 {
 func (b *budget) failed(probe bool) {
 	if probe {
 		b.mu.Lock()
-		b.probing = false
+		b.probing--
 		b.mu.Unlock()
 	}
 }
@@ -156,20 +210,22 @@ func (b *budget) cut(n int64, probe bool, kind string, now time.Time) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if probe {
-		b.probing = false
+		b.probing--
 	}
 	if n <= 0 {
 		return 0 // died before carrying anything: an error, not a byte-count cut
 	}
 	b.probeWins = 0
-	b.lastCut = now
-	if b.minCut == 0 || n < b.minCut {
-		b.minCut = n
-	}
+	b.points[b.nextPoint] = cutPoint{at: now, n: n, probe: probe}
+	b.nextPoint = (b.nextPoint + 1) % cutSamples
 	if b.cfg.MaxConnectionBudget <= b.cfg.ConnectionBudget {
 		return 0 // fixed
 	}
-	next := max(b.minCut*cutMarginNum/cutMarginDen, b.cfg.MinConnectionBudget)
+	edge, below := b.edgeLocked(now, true)
+	if below <= cutOutliers {
+		return 0 // chunks of this size still complete: too little evidence against it
+	}
+	next := max(edge*cutMarginNum/cutMarginDen, b.cfg.MinConnectionBudget)
 	if next >= b.current {
 		return 0
 	}

@@ -97,12 +97,19 @@ type blobFetch struct {
 
 type span struct{ start, end int64 }
 
+// run fetches the blob with as many workers as the endpoint's pipe may let
+// through at once (or ParallelChunks, where set); the pipe decides how many
+// actually run.
 func (f *blobFetch) run(ctx context.Context) error {
 	if err := f.learnSize(ctx); err != nil {
 		return err
 	}
+	workers := f.r.fetch.MaxConnections
+	if f.r.fetch.ParallelChunks > 0 {
+		workers = min(workers, f.r.fetch.ParallelChunks)
+	}
 	g, gctx := errgroup.WithContext(ctx)
-	for range f.r.fetch.ParallelChunks {
+	for range workers {
 		g.Go(func() error { return f.worker(gctx) })
 	}
 	return g.Wait()
@@ -177,11 +184,18 @@ func sizeMismatchMessage(d digest.Digest, claimed, declared int64) string {
 		"if they fail the digest check, the upstream copy is corrupt: delete and re-push it", d, claimed, declared)
 }
 
-// worker fetches chunks until none is left to claim.
+// worker fetches chunks until none is left to claim. It claims a chunk only
+// once the pipe gives it a connection slot, so that the chunk is the one
+// most wanted at the time the connection opens.
 func (f *blobFetch) worker(ctx context.Context) error {
+	pipe := f.ep.pipe
 	for {
+		if err := pipe.acquire(ctx, f); err != nil {
+			return err
+		}
 		c, ok, wait := f.claim()
 		if !ok {
+			pipe.release(f, 0)
 			if wait == nil {
 				return nil
 			}
@@ -192,8 +206,10 @@ func (f *blobFetch) worker(ctx context.Context) error {
 				return ctx.Err()
 			}
 		}
+		start := time.Now()
 		n, err := f.fetchChunk(ctx, c)
 		f.release(c)
+		pipe.release(f, time.Since(start))
 		if err == nil {
 			f.progress()
 			continue
@@ -345,17 +361,14 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 			f.ep.budget.failed(true)
 		}
 	}()
-	select {
-	case f.r.conns <- struct{}{}:
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	defer func() { <-f.r.conns }()
-
 	chunks := f.ep.chunks
 	resp, op, err := f.open(ctx, c)
 	if err != nil {
 		chunks.WithLabelValues("failed").Inc()
+		if e := (*Error)(nil); errors.As(err, &e) &&
+			(e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable) {
+			f.ep.pipe.failed(pipeBusy)
+		}
 		return 0, err
 	}
 	defer resp.Body.Close()
@@ -400,7 +413,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", f.digest)
 	}
 
-	n, err := f.copyBody(resp.Body, start, end)
+	n, err := f.copyBody(resp.Body, start, end, f.warmupFor(ctx, resp.Request))
 	// A stream restarted from byte 0 re-sends bytes already held: only those
 	// past the chunk's start are progress.
 	fresh := max(0, start+n-c.start)
@@ -414,6 +427,12 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		kind := cutKind(err)
 		chunks.WithLabelValues("cut").Inc()
 		f.ep.health.chunk(time.Now(), true)
+		switch {
+		case kind == "stall":
+			f.ep.pipe.failed(pipeStall)
+		case !c.probe:
+			f.ep.pipe.failed(pipeCut)
+		}
 		probeSettled = true
 		if next := f.ep.budget.cut(n, c.probe, kind, time.Now()); next > 0 {
 			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
@@ -513,17 +532,74 @@ func (f *blobFetch) getLocation(ctx context.Context, loc *url.URL, rng string) (
 	return resp, nil
 }
 
+// warmup opens the next chunk's connection while this chunk's last bytes
+// arrive: once what is left would take about as long as opening a
+// connection to the same address lately took.
+type warmup struct {
+	ctx    context.Context
+	f      *blobFetch
+	secure bool
+	addr   string
+	lead   time.Duration
+	done   bool
+}
+
+// warmupFor returns the warm-up for a chunk requested with req, or nil when
+// there is nothing to warm: a caller's own transport, a proxied request, or
+// no connection measured yet.
+func (f *blobFetch) warmupFor(ctx context.Context, req *http.Request) *warmup {
+	d := f.r.dialer
+	if d == nil || req == nil || d.proxied(req) {
+		return nil
+	}
+	secure := req.URL.Scheme == "https"
+	addr := hostPort(req.URL.Scheme, req.URL.Host)
+	setup := d.setupTime(dialKey(secure, addr))
+	if setup <= 0 {
+		return nil
+	}
+	return &warmup{ctx: ctx, f: f, secure: secure, addr: addr, lead: setup*3/2 + 10*time.Millisecond}
+}
+
+// check starts the warm-up when the chunk's rest, at its pace so far
+// (received bytes in elapsed), would arrive within the lead.
+func (w *warmup) check(received, rest int64, elapsed time.Duration) {
+	if w == nil || w.done || received <= 0 {
+		return
+	}
+	if time.Duration(float64(elapsed)*float64(rest)/float64(received)) > w.lead {
+		return
+	}
+	w.done = true
+	if w.f.unclaimed() {
+		w.f.r.dialer.prewarm(w.ctx, w.secure, w.addr, w.f.r.fetch.FirstByteTimeout)
+	}
+}
+
+// unclaimed reports whether some of the blob is neither written nor claimed.
+func (f *blobFetch) unclaimed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.noRange || f.w.Size() < 0 {
+		return false
+	}
+	_, ok := f.gapFrom(0, 1)
+	return ok
+}
+
 // errStore marks a failure to store bytes, as opposed to receiving them.
 var errStore = errors.New("store")
 
 // copyBody writes body to [start, end) of the blob, returning the bytes
 // written. It gathers at least minWrite bytes per write where the body has
 // them: a TLS body arrives 16 KiB at a time, and each write wakes readers.
-func (f *blobFetch) copyBody(body io.Reader, start, end int64) (int64, error) {
+// Near the end it starts ahead's warm-up.
+func (f *blobFetch) copyBody(body io.Reader, start, end int64, ahead *warmup) (int64, error) {
 	bufp := f.r.buffers.Get().(*[]byte)
 	defer f.r.buffers.Put(bufp)
 	buf := *bufp
-	received := f.r.received
+	received, pipe := f.r.received, f.ep.pipe
+	began := time.Now()
 	off := start
 	for off < end {
 		want := min(int64(len(buf)), end-off)
@@ -534,6 +610,10 @@ func (f *blobFetch) copyBody(body io.Reader, start, end int64) (int64, error) {
 			}
 			off += int64(n)
 			received.Add(float64(n))
+			pipe.add(n)
+			if ahead != nil {
+				ahead.check(off-start, end-off, time.Since(began))
+			}
 		}
 		switch {
 		case err == nil:

@@ -16,6 +16,9 @@ type Metrics struct {
 	chunks    *prometheus.CounterVec
 	retries   *prometheus.CounterVec
 
+	connLimit     *prometheus.GaugeVec
+	connsInFlight *prometheus.GaugeVec
+
 	rateRemaining *prometheus.GaugeVec
 	rateLimit     *prometheus.GaugeVec
 	endpointUp    *prometheus.GaugeVec
@@ -49,6 +52,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "pullproxy_upstream_chunks_total",
 		Help: "Blob chunks requested from endpoints, by result: complete, cut, failed (no byte received).",
 	}, []string{"upstream", "endpoint", "result"})
+	m.connLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pullproxy_upstream_connections_limit",
+		Help: "Chunk connections to an endpoint allowed in flight at once, as currently adapted to the path (at most fetch.max_connections).",
+	}, []string{"upstream", "endpoint"})
+	m.connsInFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pullproxy_upstream_connections_in_flight",
+		Help: "Chunk connections to an endpoint in flight now.",
+	}, []string{"upstream", "endpoint"})
 	m.rateRemaining = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "pullproxy_upstream_ratelimit_remaining",
 		Help: "Pulls left in the upstream's rate-limit window, from its ratelimit-remaining header (Docker Hub).",
@@ -62,7 +73,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Help: "1 while an endpoint is in use, 0 while it is left aside after failing (it is probed again later).",
 	}, []string{"upstream", "endpoint"})
 	for _, c := range []prometheus.Collector{m.requests, m.blobBytes, m.budget, m.cuts, m.chunks, m.retries,
-		m.rateRemaining, m.rateLimit, m.endpointUp} {
+		m.connLimit, m.connsInFlight, m.rateRemaining, m.rateLimit, m.endpointUp} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

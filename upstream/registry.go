@@ -5,6 +5,7 @@ package upstream
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -41,8 +42,8 @@ type Registry struct {
 	endpoints []*endpoint
 	client    *http.Client // manifests, tokens, HEADs: pooled connections, redirects followed
 	chunks    *http.Client // blob chunks: see newChunkClient
+	dialer    *chunkDialer // chunks' connections; nil with a caller's own RoundTripper
 	fetch     FetchConfig
-	conns     chan struct{} // semaphore of chunk connections
 	tokens    *tokenCache
 	log       *slog.Logger
 	metrics   *Metrics
@@ -68,6 +69,7 @@ type options struct {
 	fetch     FetchConfig
 	creds     Credentials
 	regions   map[string]string // endpoint URL → region
+	tls       *tls.Config
 }
 
 // WithTransport sets the HTTP transport. Default: a transport with sane
@@ -109,14 +111,25 @@ func WithEndpointRegion(endpointURL, region string) Option {
 	}
 }
 
+// WithTLSConfig sets the TLS settings of the upstream's connections: a CA
+// bundle of its own (RootCAs), or, where a caller insists, no verification.
+// It applies to a copy of the transport, which must be an *http.Transport.
+// Default: the transport's settings (the system's roots).
+func WithTLSConfig(c *tls.Config) Option {
+	return func(o *options) error { o.tls = c; return nil }
+}
+
 // WithFetchConfig tunes blob fetching; see FetchConfig for the defaults.
 func WithFetchConfig(c FetchConfig) Option {
 	return func(o *options) error { o.fetch = c; return nil }
 }
 
-// NewTransport returns the default upstream transport.
+// NewTransport returns the default upstream transport. Its TLS sessions are
+// resumed from a cache: metadata connections are retired at half their byte
+// budget, so across a cutting path they are opened often.
 func NewTransport() *http.Transport {
 	return &http.Transport{
+		TLSClientConfig:       &tls.Config{ClientSessionCache: tls.NewLRUClientSessionCache(sessionCacheSize)},
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		ForceAttemptHTTP2:     true,
@@ -138,6 +151,19 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 	}
 	if o.transport == nil {
 		o.transport = NewTransport()
+	}
+	if o.tls != nil {
+		t, ok := o.transport.(*http.Transport)
+		if !ok {
+			return nil, fmt.Errorf("upstream %s: TLS settings need an *http.Transport, not a %T", name, o.transport)
+		}
+		t = t.Clone()
+		cfg := o.tls.Clone()
+		if cfg.ClientSessionCache == nil {
+			cfg.ClientSessionCache = tls.NewLRUClientSessionCache(sessionCacheSize)
+		}
+		t.TLSClientConfig = cfg
+		o.transport = t
 	}
 	if o.metrics == nil {
 		m, err := NewMetrics(prometheus.NewRegistry())
@@ -161,13 +187,12 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		creds:   o.creds,
 		client:  &http.Client{Transport: o.transport},
 		fetch:   fetch,
-		conns:   make(chan struct{}, fetch.MaxConnections),
 		log:     o.log.With("upstream", name),
 		metrics: o.metrics,
 	}
 	r.received = o.metrics.blobBytes.WithLabelValues(name)
 	if t, ok := o.transport.(*http.Transport); ok {
-		r.chunks = newChunkClient(t, fetch.FirstByteTimeout, fetch.StallTimeout)
+		r.chunks, r.dialer = newChunkClient(t, fetch.FirstByteTimeout, fetch.StallTimeout)
 	} else { // a caller's own transport: used as it is
 		r.chunks = &http.Client{Transport: o.transport,
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
@@ -190,6 +215,8 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			host:   u.Host,
 			region: region,
 			budget: newBudget(fetch, o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
+			pipe: newPipe(fetch.MaxConnections, o.log.With("upstream", name, "endpoint", u.Host),
+				o.metrics.connLimit.With(labels), o.metrics.connsInFlight.With(labels)),
 			chunks: o.metrics.chunks.MustCurryWith(labels),
 			up:     o.metrics.endpointUp.With(labels),
 		})

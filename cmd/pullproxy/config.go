@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +38,7 @@ type fileConfig struct {
 type fetchConfig struct {
 	ConnectionBudget    byteSize      `yaml:"connection_budget"`
 	MaxConnectionBudget byteSize      `yaml:"max_connection_budget"`
+	MinConnectionBudget byteSize      `yaml:"min_connection_budget"`
 	ParallelChunks      int           `yaml:"parallel_chunks"`
 	MaxConnections      int           `yaml:"max_connections"`
 	StallTimeout        time.Duration `yaml:"stall_timeout"`
@@ -47,6 +50,7 @@ func (f fetchConfig) options() upstream.FetchConfig {
 	return upstream.FetchConfig{
 		ConnectionBudget:    int64(f.ConnectionBudget),
 		MaxConnectionBudget: int64(f.MaxConnectionBudget),
+		MinConnectionBudget: int64(f.MinConnectionBudget),
 		ParallelChunks:      f.ParallelChunks,
 		MaxConnections:      f.MaxConnections,
 		StallTimeout:        f.StallTimeout,
@@ -91,6 +95,40 @@ type upstreamConfig struct {
 	Name      string           `yaml:"name"`
 	Endpoints []endpointConfig `yaml:"endpoints"`
 	Auth      authConfig       `yaml:"auth"`
+	// CAFile is a PEM bundle of CAs trusted for this upstream, besides the
+	// system's (a private registry's own CA).
+	CAFile string `yaml:"ca_file"`
+	// InsecureSkipVerify accepts any certificate from this upstream: for a
+	// lab only; logged as a warning at every start.
+	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+}
+
+// tlsConfig returns the upstream's TLS settings, or nil for the defaults.
+func (u upstreamConfig) tlsConfig(log *slog.Logger) (*tls.Config, error) {
+	if u.CAFile == "" && !u.InsecureSkipVerify {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if u.CAFile != "" {
+		pem, err := os.ReadFile(u.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("upstream %s: reading ca_file: %w", u.Name, err)
+		}
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("upstream %s: ca_file %s holds no PEM certificate", u.Name, u.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	if u.InsecureSkipVerify {
+		cfg.InsecureSkipVerify = true
+		log.Warn("TLS certificates of this upstream are NOT verified: anyone on the path can serve or alter its content",
+			"upstream", u.Name, "setting", "insecure_skip_verify", "fix", "give the registry's CA in ca_file instead")
+	}
+	return cfg, nil
 }
 
 type endpointConfig struct {

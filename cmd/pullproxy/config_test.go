@@ -1,14 +1,19 @@
 package main
 
 import (
+	"encoding/pem"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pullproxy/pullproxy/upstream"
 )
 
 func urls(u upstreamConfig) []string {
@@ -130,8 +135,16 @@ func TestExampleConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cfg.Upstreams) != 4 || cfg.DefaultUpstream != "docker.io" {
-		t.Errorf("got %d upstreams and default %q, want 4 and docker.io", len(cfg.Upstreams), cfg.DefaultUpstream)
+	if len(cfg.Upstreams) != 5 || cfg.DefaultUpstream != "docker.io" {
+		t.Errorf("got %d upstreams and default %q, want 5 and docker.io", len(cfg.Upstreams), cfg.DefaultUpstream)
+	}
+	want := upstream.FetchConfig{ConnectionBudget: 1 << 20, MaxConnectionBudget: 64 << 20, MinConnectionBudget: 64 << 10,
+		MaxConnections: 64, StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8}
+	if got := cfg.Fetch.options(); got != want {
+		t.Errorf("fetch settings: got %+v, want %+v", got, want)
+	}
+	if got := cfg.Upstreams[2].CAFile; got != "/etc/pullproxy/corp-ca.pem" {
+		t.Errorf("ca_file of the third upstream: got %q", got)
 	}
 }
 
@@ -187,5 +200,54 @@ upstreams:
 	_, err := serveConfig([]string{"--config", file}, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "https://ecr-replica.internal is not an ECR host: give its region") {
 		t.Errorf("got %v, want an error asking for the replica's region", err)
+	}
+}
+
+// TestUpstreamTLSConfig: ca_file adds a bundle to the system's roots, and is
+// refused with its name when unreadable or empty of certificates;
+// insecure_skip_verify is warned about.
+func TestUpstreamTLSConfig(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	t.Cleanup(srv.Close)
+	good := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(good, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	empty := filepath.Join(dir, "empty.pem")
+	if err := os.WriteFile(empty, []byte("not a certificate\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	var logged strings.Builder
+	log := slog.New(slog.NewTextHandler(&logged, nil))
+	if cfg, err := (upstreamConfig{Name: "u"}).tlsConfig(log); cfg != nil || err != nil {
+		t.Errorf("no setting: got %v, %v, want nil, nil (the defaults)", cfg, err)
+	}
+	cfg, err := (upstreamConfig{Name: "u", CAFile: good}).tlsConfig(log)
+	if err != nil {
+		t.Fatalf("ca_file: got %v", err)
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+	resp, err := client.Get(srv.URL)
+	if err != nil {
+		t.Fatalf("GET with the CA: %v", err)
+	}
+	resp.Body.Close()
+	for _, bad := range []string{empty, filepath.Join(dir, "missing.pem")} {
+		if _, err := (upstreamConfig{Name: "u", CAFile: bad}).tlsConfig(log); err == nil || !strings.Contains(err.Error(), "ca_file") {
+			t.Errorf("ca_file %s: got %v, want an error naming ca_file", bad, err)
+		}
+	}
+	if logged.Len() != 0 {
+		t.Errorf("logged %q, want nothing", logged.String())
+	}
+	cfg, err = (upstreamConfig{Name: "u", InsecureSkipVerify: true}).tlsConfig(log)
+	if err != nil || !cfg.InsecureSkipVerify {
+		t.Fatalf("insecure_skip_verify: got %+v, %v", cfg, err)
+	}
+	if !strings.Contains(logged.String(), "level=WARN") || !strings.Contains(logged.String(), "insecure_skip_verify") {
+		t.Errorf("insecure_skip_verify: logged %q, want a warning naming it", logged.String())
 	}
 }

@@ -172,9 +172,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
+		tlsCfg, err := u.tlsConfig(log)
+		if err != nil {
+			return err
+		}
 		upOpts := []upstream.Option{upstream.WithLogger(log), upstream.WithMetrics(upMetrics),
 			upstream.WithTransport(transport), upstream.WithFetchConfig(cfg.Fetch.options()),
-			upstream.WithCredentials(creds)}
+			upstream.WithCredentials(creds), upstream.WithTLSConfig(tlsCfg)}
 		var urls []string
 		for _, e := range u.Endpoints {
 			urls = append(urls, e.URL)

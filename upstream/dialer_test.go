@@ -1,0 +1,75 @@
+package upstream
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// TestFetchBlobOverTLS: chunks over TLS, from a server trusted through
+// WithTLSConfig's roots alone: HTTP/1.1, one request per connection,
+// sessions resumed after the first handshake, and connections opened ahead
+// of need taken by the next chunk.
+func TestFetchBlobOverTLS(t *testing.T) {
+	t.Parallel()
+	const (
+		size   = 1 << 20
+		budget = 64 << 10
+	)
+	blob := randomBlob(size)
+	s := &rangeServer{blob: blob}
+	var mu sync.Mutex
+	requests := map[net.Conn]int{}
+	resumed, handshakes := 0, 0
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Proto != "HTTP/1.1" {
+			t.Errorf("protocol: got %v, want HTTP/1.1", r.Proto)
+		}
+		s.ServeHTTP(w, r)
+	}))
+	srv.EnableHTTP2 = true
+	srv.Config.ConnState = func(c net.Conn, st http.ConnState) {
+		mu.Lock()
+		defer mu.Unlock()
+		if st == http.StateActive {
+			if requests[c]++; requests[c] == 1 {
+				handshakes++
+				if c.(*tls.Conn).ConnectionState().DidResume {
+					resumed++
+				}
+			}
+		}
+	}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	cfg := fixedBudget(budget, 1)
+	r := newFetchRegistry(t, cfg, []string{srv.URL}, WithTLSConfig(&tls.Config{RootCAs: pool}))
+	w := newMemBlobWriter(-1)
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+		t.Fatalf("got %v, want no error", err)
+	}
+	checkBlob(t, w, blob)
+
+	mu.Lock()
+	defer mu.Unlock()
+	for _, n := range requests {
+		if n > 1 {
+			t.Errorf("a connection carried %d requests, want 1", n)
+		}
+	}
+	if chunks := size / budget; resumed < chunks/2 {
+		t.Errorf("resumed TLS sessions: got %d of %d connections, want at least %d", resumed, handshakes, chunks/2)
+	}
+	if got := r.dialer.warmTaken.Load(); got == 0 {
+		t.Errorf("chunks sent on a connection opened ahead: got none, want some")
+	}
+}

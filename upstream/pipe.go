@@ -1,0 +1,297 @@
+package upstream
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// pipe holds the chunk connections to one endpoint: how many may be in
+// flight at once (the limit), and which blob's worker gets the next one.
+//
+// The limit adapts to the path. Over a long, fat path each chunk spends
+// round trips in set-up and slow start, so filling the bandwidth-delay
+// product takes many connections at once; over a short one a few do. While
+// demand reaches the limit, the goodput of the endpoint's chunks is measured
+// over windows of a chunk lifetime and a half: the limit doubles, and goes
+// on doubling while goodput grows in proportion (by a quarter when it grows
+// less); once a step brings no more goodput it is taken back and the limit
+// holds until growthHold has passed, then tries again. A cut of a regular chunk (the path cutting
+// below the budget) takes one connection off, a stall a quarter, 429 and 503
+// (the upstream asking for less) a half, the last two with a pause in
+// growth. The limit stays within [minConnections, MaxConnections].
+//
+// Connections go to the waiting blob that holds the fewest, first come first
+// served among equals: one blob alone can use the whole pipe, several share
+// it evenly. Within a blob, the chunk a client waits for is claimed first
+// (see blobFetch.claim).
+type pipe struct {
+	log      *slog.Logger
+	max      int
+	limitG   prometheus.Gauge
+	flightG  prometheus.Gauge
+	received atomic.Int64 // chunk bytes received from the endpoint, ever
+
+	mu       sync.Mutex
+	limit    int
+	inflight int
+	held     map[*blobFetch]int
+	waiters  []*pipeWaiter
+
+	// Goodput control.
+	winStart  time.Time
+	winBytes  int64 // received at winStart
+	saturated bool  // demand reached the limit in this window
+	chunkTime time.Duration
+	lastRate  float64 // goodput of the last saturated window, bytes/s
+	lastAt    time.Time
+	stepped   bool // the limit grew at the end of the last window, from stepFrom
+	stepFrom  int
+	holdUntil time.Time // no growth before
+}
+
+type pipeWaiter struct {
+	owner   *blobFetch
+	ready   chan struct{}
+	granted bool
+}
+
+const (
+	// initialConnections is where an endpoint's limit starts: enough for a
+	// cold pull across a 40 ms path to start near full speed, and a
+	// measurement away from filling a 100 ms one.
+	initialConnections = 32
+	// minConnections is the least the limit shrinks to.
+	minConnections = 2
+	// growthHold is how long the limit holds once goodput stopped rising
+	// with it, before trying again.
+	growthHold = 30 * time.Second
+	// minWindow and maxWindow bound the goodput measurement window, which
+	// is otherwise two chunk lifetimes.
+	minWindow, maxWindow = 200 * time.Millisecond, 5 * time.Second
+	// staleRate: a goodput older than this says nothing about the path now.
+	staleRate = time.Minute
+)
+
+func newPipe(maxConns int, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
+	p := &pipe{log: log, max: maxConns, limitG: limitG, flightG: flightG, held: map[*blobFetch]int{},
+		limit: min(initialConnections, maxConns)}
+	limitG.Set(float64(p.limit))
+	return p
+}
+
+// acquire waits for a connection slot for owner.
+func (p *pipe) acquire(ctx context.Context, owner *blobFetch) error {
+	p.mu.Lock()
+	if p.inflight < p.limit && len(p.waiters) == 0 {
+		p.grantLocked(owner)
+		p.mu.Unlock()
+		return nil
+	}
+	p.saturated = true
+	w := &pipeWaiter{owner: owner, ready: make(chan struct{})}
+	p.waiters = append(p.waiters, w)
+	p.mu.Unlock()
+	select {
+	case <-w.ready:
+		return nil
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if w.granted {
+		p.releaseLocked(owner)
+		return ctx.Err()
+	}
+	for i, x := range p.waiters {
+		if x == w {
+			p.waiters = append(p.waiters[:i], p.waiters[i+1:]...)
+			break
+		}
+	}
+	return ctx.Err()
+}
+
+func (p *pipe) grantLocked(owner *blobFetch) {
+	if p.winStart.IsZero() { // the first window starts with the first connection
+		p.winStart, p.winBytes = time.Now(), p.received.Load()
+	}
+	p.inflight++
+	p.held[owner]++
+	p.flightG.Set(float64(p.inflight))
+	if p.inflight >= p.limit {
+		p.saturated = true
+	}
+}
+
+// release returns owner's slot; took is how long the chunk held it (0: it
+// fetched nothing).
+func (p *pipe) release(owner *blobFetch, took time.Duration) {
+	now := time.Now()
+	p.mu.Lock()
+	if took > 0 {
+		if p.chunkTime == 0 {
+			p.chunkTime = took
+		} else {
+			p.chunkTime = (7*p.chunkTime + took) / 8
+		}
+	}
+	p.releaseLocked(owner)
+	from := p.limit
+	why, rate := p.tickLocked(now)
+	to := p.limit
+	p.mu.Unlock()
+	if to != from {
+		p.log.Debug("chunk connection limit changed", "from", from, "to", to, "why", why, "goodput_mbps", rate/1e6)
+	}
+}
+
+func (p *pipe) releaseLocked(owner *blobFetch) {
+	p.inflight--
+	if p.held[owner]--; p.held[owner] <= 0 {
+		delete(p.held, owner)
+	}
+	p.flightG.Set(float64(p.inflight))
+	p.wakeLocked()
+}
+
+// wakeLocked grants free slots to waiters: to the blob holding the fewest.
+func (p *pipe) wakeLocked() {
+	for p.inflight < p.limit && len(p.waiters) > 0 {
+		best := 0
+		for i, w := range p.waiters {
+			if p.held[w.owner] < p.held[p.waiters[best].owner] {
+				best = i
+			}
+		}
+		w := p.waiters[best]
+		p.waiters = append(p.waiters[:best], p.waiters[best+1:]...)
+		w.granted = true
+		p.grantLocked(w.owner)
+		close(w.ready)
+	}
+}
+
+// tickLocked closes the measurement window once it is long enough, and
+// grows the limit while goodput rises with it. It says why the limit
+// changed, if it did, and the window's goodput.
+func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
+	if p.winStart.IsZero() {
+		p.winStart, p.winBytes = now, p.received.Load()
+		return "", 0
+	}
+	elapsed := now.Sub(p.winStart)
+	if elapsed < p.windowLocked() {
+		return "", 0
+	}
+	bytes := p.received.Load()
+	rate = float64(bytes-p.winBytes) / elapsed.Seconds()
+	saturated := p.saturated
+	p.winStart, p.winBytes, p.saturated = now, bytes, p.inflight >= p.limit || len(p.waiters) > 0
+	if !saturated {
+		return "", rate // demand set the goodput, not the limit: no evidence
+	}
+	if now.Sub(p.lastAt) > staleRate {
+		p.lastRate = 0
+	}
+	prevRate, grew := p.lastRate, p.stepped
+	p.lastRate, p.lastAt, p.stepped = rate, now, false
+	switch {
+	case grew && prevRate > 0 && rate < prevRate*1.1:
+		// The last step brought nothing: the path is full. Take it back
+		// (fewer sessions for the same goodput) and hold.
+		p.setLimitLocked(p.stepFrom)
+		p.holdUntil = now.Add(growthHold)
+		return "goodput did not rise: the path is full", rate
+	case now.Before(p.holdUntil) || p.limit >= p.max:
+		return "", rate
+	case !grew || prevRate == 0:
+		// Nothing to compare with: a step, judged next window, and taken
+		// back if it brought nothing. A bold one: filling a long path
+		// quickly matters more than a window with too many connections.
+		p.growLocked(p.limit)
+		return "probing for more goodput", rate
+	default:
+		// Goodput rose with the last step: grow again, doubling while it
+		// rises nearly in proportion.
+		step := max(1, p.limit/4)
+		if rate/prevRate >= 0.75*float64(p.limit)/float64(p.stepFrom) {
+			step = p.limit
+		}
+		p.growLocked(step)
+		return "goodput rose with the limit", rate
+	}
+}
+
+func (p *pipe) growLocked(step int) {
+	p.stepFrom, p.stepped = p.limit, true
+	p.setLimitLocked(p.limit + step)
+}
+
+func (p *pipe) setLimitLocked(n int) {
+	p.limit = min(max(n, minConnections), p.max)
+	p.limitG.Set(float64(p.limit))
+	p.wakeLocked()
+}
+
+// Failure kinds that shrink the limit.
+const (
+	pipeCut   = iota // a session died part-way
+	pipeStall        // a session went silent
+	pipeBusy         // the upstream answered 429 or 503
+)
+
+var failureNames = [...]string{pipeCut: "a chunk was cut below the budget", pipeStall: "a connection stalled",
+	pipeBusy: "the upstream answered 429 or 503"}
+
+// failed shrinks the limit after a failure of one of its connections. A cut
+// probe chunk is not reported: finding where the path cuts is its purpose.
+func (p *pipe) failed(kind int) {
+	now := time.Now()
+	p.mu.Lock()
+	from := p.limit
+	defer func() {
+		to := p.limit
+		p.mu.Unlock()
+		if to != from {
+			p.log.Debug("chunk connection limit lowered", "from", from, "to", to, "why", failureNames[kind])
+		}
+	}()
+	p.stepped = false
+	switch kind {
+	case pipeCut:
+		p.setLimitLocked(p.limit - 1)
+	case pipeStall:
+		p.setLimitLocked(p.limit * 3 / 4)
+		p.holdLocked(now.Add(p.windowLocked()))
+	case pipeBusy:
+		p.setLimitLocked(p.limit / 2)
+		p.holdLocked(now.Add(growthHold))
+	}
+}
+
+// windowLocked is how long goodput is measured over: a chunk lifetime and
+// a half, so that connections added at its start count.
+func (p *pipe) windowLocked() time.Duration {
+	return min(max(3*p.chunkTime/2, minWindow), maxWindow)
+}
+
+func (p *pipe) holdLocked(until time.Time) {
+	if until.After(p.holdUntil) {
+		p.holdUntil = until
+	}
+}
+
+// add counts chunk bytes received.
+func (p *pipe) add(n int) { p.received.Add(int64(n)) }
+
+// current returns the limit.
+func (p *pipe) current() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.limit
+}
