@@ -1,9 +1,12 @@
 // Command pullbench measures pulling the incident's image (layers of 223,
 // 197, 149 and 29 MiB plus small ones) across a simulated carrier that kills
-// 60% of TCP sessions after 1.3–3.1 MB, under one shared bandwidth cap:
-// containerd pulling directly (the baseline, on a clean path and on the
-// carrier), and through pullproxy cold and warm. It prints a Markdown table
-// and writes the results as JSON, with the commit they were measured on.
+// 60% of TCP sessions after 1.3–3.1 MB, under one shared bandwidth cap, at
+// round-trip times of 0, 40 and 100 ms (each session paying a set-up round
+// trip and TCP slow start; the registry speaks TLS with a test CA, whose
+// handshake crosses the path too): containerd pulling directly (the
+// baseline, on a clean path and on the carrier), and through pullproxy cold
+// and warm. It prints a Markdown table and writes the results as JSON, with
+// the commit they were measured on.
 //
 //	go run ./bench/pullbench -runs 3 -json bench/results.json
 //
@@ -21,6 +24,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/pullproxy/pullproxy/internal/containerdtest"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
@@ -42,6 +47,9 @@ type config struct {
 	DirectAttempts int     `json:"direct_max_attempts"`
 	Clients        int     `json:"clients"`
 	LayerSizes     []int64 `json:"layer_sizes"`
+	RTTs           []int64 `json:"rtts_ms"`    // the path's round-trip times measured at
+	SetupRTTs      int     `json:"setup_rtts"` // round trips of set-up per session besides TLS's own
+	Extras         bool    `json:"extras"`     // the rows measured at the first RTT only were measured
 }
 
 type bench struct {
@@ -52,33 +60,46 @@ type bench struct {
 	pushed registrytest.Pushed
 	ref    string
 	bytes  int64 // bytes of the image containerd fetches for one platform
+
+	proxyLogs string // where each pullproxy's debug log goes; "": nowhere
 }
 
 func main() {
-	cfg, jsonOut := parseFlags()
-	if err := run(context.Background(), cfg, jsonOut); err != nil {
+	cfg, jsonOut, proxyLogs := parseFlags()
+	if err := run(context.Background(), cfg, jsonOut, proxyLogs); err != nil {
 		log.Fatal(err)
 	}
 }
 
-func parseFlags() (config, string) {
-	var cfg config
-	jsonOut := flag.String("json", "", "write results as JSON to this file")
+func parseFlags() (cfg config, jsonOut, proxyLogs string) {
+	flag.StringVar(&jsonOut, "json", "", "write results as JSON to this file")
+	flag.StringVar(&proxyLogs, "proxy-logs", "", "write each pullproxy's debug log to a file in this directory")
 	flag.IntVar(&cfg.Runs, "runs", 3, "runs per measurement; the median and the worst run are reported")
 	flag.Int64Var(&cfg.Bandwidth, "bandwidth", 64e6, "shared bandwidth cap of the carrier, bytes/s")
 	flag.Float64Var(&cfg.Scale, "scale", 1, "scale layer sizes (0.1 for a quick run)")
 	flag.IntVar(&cfg.DirectAttempts, "direct-attempts", 12, "attempts of the direct pull across the carrier before giving up")
 	flag.IntVar(&cfg.Clients, "clients", 20, "concurrent clients for the coalescing and memory measurements")
+	rtts := flag.String("rtts", "0,40,100", "round-trip times of the path to measure at, in ms")
+	flag.BoolVar(&cfg.Extras, "extras", true, "measure the direct pull across the carrier, stalls, the warm pull, coalescing, "+
+		"a kill and memory, at the first RTT")
+	flag.IntVar(&cfg.SetupRTTs, "setup-rtts", 1, "round trips of set-up per session before TLS's own (TCP's handshake)")
 	flag.Parse()
+	for _, f := range strings.Split(*rtts, ",") {
+		ms, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
+		if err != nil || ms < 0 {
+			log.Fatalf("-rtts %q: want milliseconds, comma-separated", *rtts)
+		}
+		cfg.RTTs = append(cfg.RTTs, ms)
+	}
 	cfg.CutProb, cfg.CutMin, cfg.CutMax = 0.6, 1_300_000, 3_100_000
 	for _, s := range []int64{223, 197, 149, 29} {
 		cfg.LayerSizes = append(cfg.LayerSizes, int64(float64(s*mib)*cfg.Scale))
 	}
 	cfg.LayerSizes = append(cfg.LayerSizes, 1*mib, 512<<10, 256<<10, 100<<10)
-	return cfg, *jsonOut
+	return cfg, jsonOut, proxyLogs
 }
 
-func run(ctx context.Context, cfg config, jsonOut string) error {
+func run(ctx context.Context, cfg config, jsonOut, proxyLogs string) error {
 	if ok, reason := containerdtest.Available(); !ok {
 		return fmt.Errorf("pullbench needs containerd: %s", reason)
 	}
@@ -91,6 +112,7 @@ func run(ctx context.Context, cfg config, jsonOut string) error {
 		return err
 	}
 	defer b.close()
+	b.proxyLogs = proxyLogs
 
 	rep := report{provenance: prov, ImageBytes: b.bytes, Config: cfg, Results: b.measureAll(ctx)}
 	printTable(os.Stdout, rep)
@@ -111,7 +133,7 @@ func setup(ctx context.Context, cfg config) (*bench, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("building pullproxy (run from the repository root): %w\n%s", err, out)
 	}
-	if b.reg, err = registrytest.Start(ctx, filepath.Join(dir, "registry")); err != nil {
+	if b.reg, err = registrytest.Start(ctx, filepath.Join(dir, "registry"), registrytest.WithTLS()); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting the registry: %w", err)
 	}

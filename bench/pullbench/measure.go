@@ -15,9 +15,10 @@ const runTimeout = 15 * time.Minute
 
 // sample is what one run of a measurement observed.
 type sample struct {
-	seconds  float64 // measured by pullbench, see pull.go
-	upstream float64 // bytes carried from the registry / bytes needed
-	rssMiB   float64 // pullproxy's peak resident memory (VmHWM)
+	seconds   float64 // measured by pullbench, see pull.go
+	upstream  float64 // bytes carried from the registry / bytes needed
+	rssMiB    float64 // pullproxy's peak resident memory (VmHWM)
+	peakConns float64 // the most sessions open at once on the carrier
 }
 
 // measurement is one row of the table, measured cfg.Runs times.
@@ -27,6 +28,8 @@ type measurement struct {
 	upstream   bool // run measures sample.upstream
 	rss        bool // run measures sample.rssMiB
 	wholeImage bool // a pull of the whole image, comparable with the clean direct pull
+	overLink   bool // its bytes cross the carrier: the share of the link and peak sessions mean something
+	rtt        time.Duration
 }
 
 // summary is one figure over the runs of a measurement. For every figure
@@ -40,53 +43,93 @@ type summary struct {
 // result is one row of the table.
 type result struct {
 	Name          string   `json:"name"`
+	RTTms         int64    `json:"rtt_ms"` // the path's round-trip time
 	Seconds       *summary `json:"seconds,omitempty"`
-	VsClean       float64  `json:"median_vs_clean_direct_median,omitempty"` // Seconds.Median / the clean direct pull's
+	VsClean       float64  `json:"median_vs_clean_direct_median,omitempty"` // Seconds.Median / the clean direct pull's at the same RTT
+	LinkShare     float64  `json:"image_bytes_per_median_second_of_cap,omitempty"` // image bytes / Seconds.Median / the bandwidth cap
+	PeakConns     *summary `json:"peak_sessions,omitempty"`                        // the most sessions open at once on the carrier
 	UpstreamRatio *summary `json:"upstream_bytes_ratio,omitempty"`          // bytes carried from the registry / bytes needed
 	PeakRSSMiB    *summary `json:"peak_rss_mib,omitempty"`                  // pullproxy's peak resident memory
 	Direct        *series  `json:"direct_attempts,omitempty"`               // the direct pull across the carrier
 	Error         string   `json:"error,omitempty"`                         // why the measurement stopped
 }
 
-// measureAll measures every row, in the table's order.
+// measureAll measures every row, in the table's order: at each round-trip
+// time, the clean direct pull and pullproxy's cold pulls over a clean and a
+// cutting path; at the first, the other rows too.
 func (b *bench) measureAll(ctx context.Context) []result {
-	clean := b.measure(ctx, measurement{name: "containerd direct, clean path", upstream: true, wholeImage: true,
-		run: func(ctx context.Context) (sample, error) { return b.direct(ctx, 0) }})
-	results := []result{clean, b.directAttempts(ctx)}
-	logResult(results[1])
-	for _, m := range b.measurements() {
-		r := b.measure(ctx, m)
-		if m.wholeImage && r.Seconds != nil && clean.Seconds != nil {
-			r.VsClean = r.Seconds.Median / clean.Seconds.Median
+	var results []result
+	for i, ms := range b.cfg.RTTs {
+		rtt := time.Duration(ms) * time.Millisecond
+		direct := measurement{name: "containerd direct, clean path", upstream: true, wholeImage: true, overLink: true, rtt: rtt,
+			run: func(ctx context.Context) (sample, error) { return b.direct(ctx, 0, rtt) }}
+		clean := b.measure(ctx, direct)
+		b.fill(&clean, direct, clean)
+		results = append(results, clean)
+		if i == 0 && b.cfg.Extras {
+			r := b.directAttempts(ctx, rtt)
+			logResult(r)
+			results = append(results, r)
 		}
-		results = append(results, r)
+		for _, m := range b.measurements(rtt, i == 0 && b.cfg.Extras) {
+			r := b.measure(ctx, m)
+			b.fill(&r, m, clean)
+			results = append(results, r)
+		}
 	}
 	return results
 }
 
-// measurements are the rows after the direct pulls.
-func (b *bench) measurements() []measurement {
+// fill adds the figures a whole-image pull is compared by.
+func (b *bench) fill(r *result, m measurement, clean result) {
+	if r.Seconds == nil || !m.wholeImage {
+		return
+	}
+	if clean.Seconds != nil {
+		r.VsClean = r.Seconds.Median / clean.Seconds.Median
+	}
+	if m.overLink {
+		r.LinkShare = float64(b.bytes) / r.Seconds.Median / float64(b.cfg.Bandwidth)
+	}
+}
+
+// measurements are the rows after the direct pulls at round-trip time rtt;
+// all adds those measured at one round-trip time only.
+func (b *bench) measurements(rtt time.Duration, all bool) []measurement {
 	layerMiB := b.cfg.LayerSizes[0] / mib
-	return []measurement{
-		{name: "pullproxy cold, carrier resets", upstream: true, rss: true, wholeImage: true,
-			run: func(ctx context.Context) (sample, error) { return b.viaProxy(ctx, carrier.Reset, false) }},
-		{name: "pullproxy cold, carrier stalls", upstream: true, rss: true, wholeImage: true,
-			run: func(ctx context.Context) (sample, error) { return b.viaProxy(ctx, carrier.Stall, false) }},
-		{name: "pullproxy warm (second node)", upstream: true, wholeImage: true,
-			run: func(ctx context.Context) (sample, error) { return b.viaProxy(ctx, carrier.Reset, true) }},
+	rows := []measurement{
+		{name: "pullproxy cold, clean path", upstream: true, rss: true, wholeImage: true, overLink: true, rtt: rtt,
+			run: func(ctx context.Context) (sample, error) { return b.viaProxy(ctx, carrier.Reset, 0, rtt, false) }},
+		{name: "pullproxy cold, carrier resets", upstream: true, rss: true, wholeImage: true, overLink: true, rtt: rtt,
+			run: func(ctx context.Context) (sample, error) {
+				return b.viaProxy(ctx, carrier.Reset, b.cfg.CutProb, rtt, false)
+			}},
+	}
+	if !all {
+		return rows
+	}
+	return append(rows, []measurement{
+		{name: "pullproxy cold, carrier stalls", upstream: true, rss: true, wholeImage: true, overLink: true, rtt: rtt,
+			run: func(ctx context.Context) (sample, error) {
+				return b.viaProxy(ctx, carrier.Stall, b.cfg.CutProb, rtt, false)
+			}},
+		{name: "pullproxy warm (second node)", upstream: true, wholeImage: true, rtt: rtt,
+			run: func(ctx context.Context) (sample, error) {
+				return b.viaProxy(ctx, carrier.Reset, b.cfg.CutProb, rtt, true)
+			}},
 		{name: fmt.Sprintf("%d clients, one cold %d MiB layer", b.cfg.Clients, layerMiB), upstream: true, rss: true,
 			run: b.coalesce},
 		{name: fmt.Sprintf("killed halfway through a cold %d MiB layer", layerMiB), upstream: true,
 			run: b.killed},
 		{name: fmt.Sprintf("cold image, %d clients at once: peak RSS", b.cfg.Clients), upstream: true, rss: true,
 			run: b.memory},
-	}
+	}...)
 }
 
 // measure runs m cfg.Runs times and summarises the runs. It stops at the
 // first run that fails.
 func (b *bench) measure(ctx context.Context, m measurement) result {
-	r := result{Name: m.name}
+	r := result{Name: m.name, RTTms: m.rtt.Milliseconds()}
 	var samples []sample
 	for i := range b.cfg.Runs {
 		rctx, cancel := context.WithTimeout(ctx, runTimeout)
@@ -105,6 +148,9 @@ func (b *bench) measure(ctx context.Context, m measurement) result {
 	}
 	if m.rss {
 		r.PeakRSSMiB = summarise(samples, func(s sample) float64 { return s.rssMiB })
+	}
+	if m.overLink {
+		r.PeakConns = summarise(samples, func(s sample) float64 { return s.peakConns })
 	}
 	logResult(r)
 	return r
@@ -139,6 +185,6 @@ func logResult(r result) {
 	case r.Direct != nil:
 		log.Printf("%s: %s", r.Name, r.Direct.verdict())
 	default:
-		log.Printf("%s: median %.2fs, worst %.2fs", r.Name, r.Seconds.Median, r.Seconds.Worst)
+		log.Printf("%s, RTT %d ms: median %.2fs, worst %.2fs", r.Name, r.RTTms, r.Seconds.Median, r.Seconds.Worst)
 	}
 }

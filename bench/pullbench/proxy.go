@@ -33,7 +33,7 @@ type proxyProcess struct {
 var addrRE = regexp.MustCompile(`msg="pullproxy serving".* addr=(\S+)`)
 
 // startProxy starts pullproxy with an empty data dir, mirroring registryHost
-// from upstreamURL.
+// from upstreamURL (https, trusting the registry's test CA).
 func startProxy(ctx context.Context, b *bench, upstreamURL string) (*proxyProcess, error) {
 	dataDir, err := os.MkdirTemp(b.dir, "data")
 	if err != nil {
@@ -43,8 +43,22 @@ func startProxy(ctx context.Context, b *bench, upstreamURL string) (*proxyProces
 }
 
 func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*proxyProcess, error) {
-	cmd := exec.Command(b.bin, "serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir,
-		"--upstream", registryHost+"="+upstreamURL)
+	config := dataDir + ".yaml"
+	yaml := fmt.Sprintf("upstreams:\n  - name: %s\n    endpoints: [{url: %q}]\n    ca_file: %q\n",
+		registryHost, upstreamURL, b.reg.CAFile())
+	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
+		return nil, fmt.Errorf("writing pullproxy's config: %w", err)
+	}
+	args := []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--config", config}
+	var logFile *os.File
+	if b.proxyLogs != "" {
+		args = append(args, "--log-level", "debug")
+		var err error
+		if logFile, err = os.CreateTemp(b.proxyLogs, "pullproxy-*.log"); err != nil {
+			return nil, fmt.Errorf("creating pullproxy's log: %w", err)
+		}
+	}
+	cmd := exec.Command(b.bin, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, fmt.Errorf("starting pullproxy: %w", err)
@@ -57,7 +71,13 @@ func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		if logFile != nil {
+			defer logFile.Close()
+		}
 		for sc.Scan() {
+			if logFile != nil {
+				fmt.Fprintln(logFile, sc.Text())
+			}
 			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
 				addrc <- m[1]
 			}
@@ -133,13 +153,14 @@ func getBlob(ctx context.Context, url string, d registrytest.Descriptor) error {
 	return nil
 }
 
-// proxyAcross starts the carrier in mode and a fresh pullproxy behind it.
-func (b *bench) proxyAcross(ctx context.Context, mode carrier.Mode) (*carrier.Relay, *proxyProcess, error) {
-	path, err := b.carrier(mode, b.cfg.CutProb)
+// proxyAcross starts the carrier (see bench.carrier) and a fresh pullproxy
+// behind it.
+func (b *bench) proxyAcross(ctx context.Context, mode carrier.Mode, prob float64, rtt time.Duration) (*carrier.Relay, *proxyProcess, error) {
+	path, err := b.carrier(mode, prob, rtt)
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := startProxy(ctx, b, path.URL())
+	p, err := startProxy(ctx, b, "https://"+path.Addr())
 	if err != nil {
 		path.Close()
 		return nil, nil, err
@@ -149,7 +170,7 @@ func (b *bench) proxyAcross(ctx context.Context, mode carrier.Mode) (*carrier.Re
 
 // coalesce: many clients ask for one cold layer at once, across the carrier.
 func (b *bench) coalesce(ctx context.Context) (sample, error) {
-	path, p, err := b.proxyAcross(ctx, carrier.Reset)
+	path, p, err := b.proxyAcross(ctx, carrier.Reset, b.cfg.CutProb, 0)
 	if err != nil {
 		return sample{}, err
 	}
@@ -171,7 +192,7 @@ func (b *bench) coalesce(ctx context.Context) (sample, error) {
 // killed: pullproxy is killed with SIGKILL when a client has read half of a
 // cold layer, restarted on the same data dir, and asked again.
 func (b *bench) killed(ctx context.Context) (sample, error) {
-	path, p, err := b.proxyAcross(ctx, carrier.Reset)
+	path, p, err := b.proxyAcross(ctx, carrier.Reset, b.cfg.CutProb, 0)
 	if err != nil {
 		return sample{}, err
 	}
@@ -189,7 +210,7 @@ func (b *bench) killed(ctx context.Context) (sample, error) {
 	if err != nil {
 		return sample{}, fmt.Errorf("reading the first half: %w", err)
 	}
-	p, err = startProxyOn(ctx, b, path.URL(), p.dataDir)
+	p, err = startProxyOn(ctx, b, "https://"+path.Addr(), p.dataDir)
 	if err != nil {
 		return sample{}, fmt.Errorf("restarting pullproxy: %w", err)
 	}
@@ -204,7 +225,7 @@ func (b *bench) killed(ctx context.Context) (sample, error) {
 // at a time per client, as containerd does) while pullproxy's peak resident
 // memory is watched.
 func (b *bench) memory(ctx context.Context) (sample, error) {
-	path, p, err := b.proxyAcross(ctx, carrier.Reset)
+	path, p, err := b.proxyAcross(ctx, carrier.Reset, b.cfg.CutProb, 0)
 	if err != nil {
 		return sample{}, err
 	}

@@ -21,16 +21,20 @@ type fetch struct {
 	failure string // ctr's error if it exited non-zero, else ""
 }
 
-// hostsFunc writes the hosts.toml that sends registryHost's requests to url
-// and returns the hosts directory.
-type hostsFunc func(d *containerdtest.Daemon, url string) (string, error)
+// hostsFunc writes the hosts.toml that sends registryHost's requests to
+// addr (host:port) and returns the hosts directory.
+type hostsFunc func(d *containerdtest.Daemon, addr string) (string, error)
 
-func directHosts(d *containerdtest.Daemon, url string) (string, error) {
-	return d.WriteDirectHostsDir(registryHost, url)
+// directHosts sends containerd to the registry itself, over TLS, trusting
+// the registry's test CA.
+func (b *bench) directHosts(d *containerdtest.Daemon, addr string) (string, error) {
+	return d.WriteDirectHostsDir(registryHost, "https://"+addr, b.reg.CAFile())
 }
 
-func mirrorHosts(d *containerdtest.Daemon, url string) (string, error) {
-	return d.WriteHostsDir(registryHost, url)
+// mirrorHosts sends containerd to pullproxy, on loopback in plain http as a
+// mirror on the node's LAN would be.
+func mirrorHosts(d *containerdtest.Daemon, addr string) (string, error) {
+	return d.WriteHostsDir(registryHost, "http://"+addr)
 }
 
 // pull makes a new containerd fetch the image from target (host:port), with
@@ -48,7 +52,7 @@ func (b *bench) pull(ctx context.Context, target string, hosts hostsFunc) (fetch
 		return fetch{}, err
 	}
 	defer remove()
-	hostsDir, err := hosts(d, t.url())
+	hostsDir, err := hosts(d, t.addr())
 	if err != nil {
 		return fetch{}, err
 	}
@@ -99,21 +103,22 @@ func ctrMessage(out []byte, err error) string {
 }
 
 // direct is containerd pulling from the registry across the carrier, with
-// sessions cut with probability prob.
-func (b *bench) direct(ctx context.Context, prob float64) (sample, error) {
-	path, err := b.carrier(carrier.Reset, prob)
+// sessions cut with probability prob, at round-trip time rtt.
+func (b *bench) direct(ctx context.Context, prob float64, rtt time.Duration) (sample, error) {
+	path, err := b.carrier(carrier.Reset, prob, rtt)
 	if err != nil {
 		return sample{}, err
 	}
 	defer path.Close()
-	f, err := b.pull(ctx, path.Addr(), directHosts)
+	f, err := b.pull(ctx, path.Addr(), b.directHosts)
 	if err != nil {
 		return sample{}, err
 	}
 	if f.failure != "" {
 		return sample{}, fmt.Errorf("direct pull failed after %.2fs: %s", f.took.Seconds(), f.failure)
 	}
-	return sample{seconds: f.took.Seconds(), upstream: ratio(path.Stats().BytesDown, b.bytes)}, nil
+	st := path.Stats()
+	return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes), peakConns: float64(st.PeakOpen)}, nil
 }
 
 // attempt is one direct pull across the carrier with resets.
@@ -145,11 +150,11 @@ func (s *series) verdict() string {
 // the whole pull, and the pull is made again from the start, by a new
 // containerd, up to cfg.DirectAttempts times. The attempts follow each other
 // at once; the backoff kubelet would wait between them is not part of it.
-func (b *bench) directAttempts(ctx context.Context) result {
-	r := result{Name: "containerd direct, carrier resets", Direct: &series{MaxAttempts: b.cfg.DirectAttempts}}
+func (b *bench) directAttempts(ctx context.Context, rtt time.Duration) result {
+	r := result{Name: "containerd direct, carrier resets", RTTms: rtt.Milliseconds(), Direct: &series{MaxAttempts: b.cfg.DirectAttempts}}
 	for i := range b.cfg.DirectAttempts {
 		rctx, cancel := context.WithTimeout(ctx, runTimeout)
-		a, err := b.directAttempt(rctx)
+		a, err := b.directAttempt(rctx, rtt)
 		cancel()
 		if err != nil {
 			r.Error = fmt.Sprintf("attempt %d: %v", i+1, err)
@@ -164,13 +169,13 @@ func (b *bench) directAttempts(ctx context.Context) result {
 	return r
 }
 
-func (b *bench) directAttempt(ctx context.Context) (attempt, error) {
-	path, err := b.carrier(carrier.Reset, b.cfg.CutProb)
+func (b *bench) directAttempt(ctx context.Context, rtt time.Duration) (attempt, error) {
+	path, err := b.carrier(carrier.Reset, b.cfg.CutProb, rtt)
 	if err != nil {
 		return attempt{}, err
 	}
 	defer path.Close()
-	f, err := b.pull(ctx, path.Addr(), directHosts)
+	f, err := b.pull(ctx, path.Addr(), b.directHosts)
 	if err != nil {
 		return attempt{}, err
 	}
@@ -182,9 +187,10 @@ func (b *bench) directAttempt(ctx context.Context) (attempt, error) {
 }
 
 // viaProxy is containerd pulling through a fresh pullproxy across the
-// carrier; warm measures a second containerd pulling what the first did.
-func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, warm bool) (sample, error) {
-	path, p, err := b.proxyAcross(ctx, mode)
+// carrier, with sessions cut with probability prob at round-trip time rtt;
+// warm measures a second containerd pulling what the first did.
+func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, prob float64, rtt time.Duration, warm bool) (sample, error) {
+	path, p, err := b.proxyAcross(ctx, mode, prob, rtt)
 	if err != nil {
 		return sample{}, err
 	}
@@ -198,8 +204,9 @@ func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, warm bool) (sam
 		return sample{}, fmt.Errorf("cold pull through pullproxy failed after %.2fs: %s", f.took.Seconds(), f.failure)
 	}
 	if !warm {
-		return sample{seconds: f.took.Seconds(), upstream: ratio(path.Stats().BytesDown, b.bytes),
-			rssMiB: p.peakRSS()}, nil
+		st := path.Stats()
+		return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes),
+			rssMiB: p.peakRSS(), peakConns: float64(st.PeakOpen)}, nil
 	}
 	before := path.Stats().BytesDown
 	if f, err = b.pull(ctx, p.addr, mirrorHosts); err != nil {
@@ -211,9 +218,13 @@ func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, warm bool) (sam
 	return sample{seconds: f.took.Seconds(), upstream: ratio(path.Stats().BytesDown-before, b.bytes)}, nil
 }
 
-func (b *bench) carrier(mode carrier.Mode, prob float64) (*carrier.Relay, error) {
+// carrier starts the simulated path to the registry: cuts in mode with
+// probability prob, the bandwidth cap, and at round-trip time rtt the
+// set-up round trips and slow start of a wide-area path.
+func (b *bench) carrier(mode carrier.Mode, prob float64, rtt time.Duration) (*carrier.Relay, error) {
 	r, err := carrier.Start(carrier.Config{Target: b.reg.Host(), CutProb: prob, CutMin: b.cfg.CutMin,
-		CutMax: b.cfg.CutMax, Mode: mode, Bandwidth: b.cfg.Bandwidth, Seed: uint64(time.Now().UnixNano())})
+		CutMax: b.cfg.CutMax, Mode: mode, Bandwidth: b.cfg.Bandwidth, Seed: uint64(time.Now().UnixNano()),
+		RTT: rtt, SetupRTTs: b.cfg.SetupRTTs, SlowStart: true})
 	if err != nil {
 		return nil, fmt.Errorf("starting the carrier: %w", err)
 	}

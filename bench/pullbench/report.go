@@ -89,15 +89,19 @@ func printTable(w io.Writer, rep report) {
 		tree = " with uncommitted changes"
 	}
 	fmt.Fprintf(w, "Commit %s%s; %s; %s; %s; %d CPUs.\n\n", p.Commit, tree, p.Date, p.GoVersion, p.CtrVersion, p.CPUs)
-	fmt.Fprintf(w, "Image: %d layers, %.1f MiB. Carrier: %.0f%% of sessions cut after %.1f–%.1f MB, %.0f MB/s shared. "+
-		"Runs per measurement: %d. Times are measured by pullbench: a containerd pull from ctr's first "+
-		"connection to ctr's exit, the other rows from the first request to the last byte received.\n\n",
+	fmt.Fprintf(w, "Image: %d layers, %.1f MiB. Carrier: %.0f%% of sessions cut after %.1f–%.1f MB (\"carrier\" rows; "+
+		"\"clean path\" rows: no cuts), %.0f MB/s shared; at a round-trip time above 0 each session waits %d round "+
+		"trip(s) of set-up and then TCP slow start (10 segments doubling each round trip); the registry speaks "+
+		"TLS. Runs per measurement: %d. Times are measured by pullbench: a containerd pull from ctr's first "+
+		"connection to ctr's exit, the other rows from the first request to the last byte received. "+
+		"\"Of the link\" is the image's bytes over the median time, as a share of the cap (computed, not measured).\n\n",
 		len(cfg.LayerSizes), float64(rep.ImageBytes)/mib, cfg.CutProb*100, float64(cfg.CutMin)/1e6,
-		float64(cfg.CutMax)/1e6, float64(cfg.Bandwidth)/1e6, cfg.Runs)
+		float64(cfg.CutMax)/1e6, float64(cfg.Bandwidth)/1e6, cfg.SetupRTTs, cfg.Runs)
 	n := cfg.Runs
-	fmt.Fprintf(w, "| measurement | time, median of %d | time, worst of %d | median time / clean direct median "+
-		"| upstream bytes / needed, worst of %d | peak RSS, worst of %d | note |\n", n, n, n, n)
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+	fmt.Fprintf(w, "| RTT | measurement | time, median of %d | time, worst of %d | median time / clean direct median "+
+		"| of the link | upstream bytes / needed, worst of %d | peak sessions, worst of %d | peak RSS, worst of %d | note |\n",
+		n, n, n, n, n)
+	fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, r := range rep.Results {
 		fmt.Fprintf(w, "| %s |\n", strings.Join(row(r), " | "))
 	}
@@ -105,24 +109,30 @@ func printTable(w io.Writer, rep report) {
 
 // row is a result's cells, in the table's order.
 func row(r result) []string {
-	cells := []string{r.Name, "", "", "", "", "", ""}
+	cells := []string{fmt.Sprintf("%d ms", r.RTTms), r.Name, "", "", "", "", "", "", "", ""}
 	switch {
 	case r.Error != "":
-		cells[6] = "failed: " + strings.ReplaceAll(r.Error, "\n", " ")
+		cells[9] = "failed: " + strings.ReplaceAll(r.Error, "\n", " ")
 	case r.Direct != nil:
-		cells[1], cells[6] = r.Direct.verdict(), r.Direct.describe()
+		cells[2], cells[9] = r.Direct.verdict(), r.Direct.describe()
 	default:
-		cells[1] = fmt.Sprintf("%.2f s", r.Seconds.Median)
-		cells[2] = fmt.Sprintf("%.2f s", r.Seconds.Worst)
+		cells[2] = fmt.Sprintf("%.2f s", r.Seconds.Median)
+		cells[3] = fmt.Sprintf("%.2f s", r.Seconds.Worst)
 	}
 	if r.VsClean != 0 {
-		cells[3] = fmt.Sprintf("%.2fx", r.VsClean)
+		cells[4] = fmt.Sprintf("%.2fx", r.VsClean)
+	}
+	if r.LinkShare != 0 {
+		cells[5] = fmt.Sprintf("%.0f%%", r.LinkShare*100)
 	}
 	if r.UpstreamRatio != nil {
-		cells[4] = fmt.Sprintf("%.3fx", r.UpstreamRatio.Worst)
+		cells[6] = fmt.Sprintf("%.3fx", r.UpstreamRatio.Worst)
+	}
+	if r.PeakConns != nil {
+		cells[7] = fmt.Sprintf("%.0f", r.PeakConns.Worst)
 	}
 	if r.PeakRSSMiB != nil {
-		cells[5] = fmt.Sprintf("%.0f MiB", r.PeakRSSMiB.Worst)
+		cells[8] = fmt.Sprintf("%.0f MiB", r.PeakRSSMiB.Worst)
 	}
 	return cells
 }

@@ -40,7 +40,10 @@ func startTap(target string) (*tap, error) {
 	return t, nil
 }
 
-func (t *tap) url() string { return "http://" + t.ln.Addr().String() }
+func (t *tap) url() string { return "http://" + t.addr() }
+
+// addr is the host:port the tap listens on.
+func (t *tap) addr() string { return t.ln.Addr().String() }
 
 // firstConn returns when the first connection was accepted, if one was.
 func (t *tap) firstConn() (time.Time, bool) {

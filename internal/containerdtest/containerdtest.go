@@ -320,8 +320,9 @@ func (d *Daemon) WriteHostsDirWithServer(host, mirrorURL, serverURL string) (str
 
 // WriteDirectHostsDir writes <dir>/hosts/<host>/hosts.toml sending every
 // request for registry host straight to serverURL (e.g. "http://127.0.0.1:5001"),
-// with no mirror: the baseline a mirror is measured against.
-func (d *Daemon) WriteDirectHostsDir(host, serverURL string) (string, error) {
+// with no mirror: the baseline a mirror is measured against. caFile, when
+// not "", is the PEM CA bundle an https server is verified with.
+func (d *Daemon) WriteDirectHostsDir(host, serverURL, caFile string) (string, error) {
 	if host == "" || strings.ContainsAny(host, "/\\") {
 		return "", fmt.Errorf("containerdtest: invalid registry host %q", host)
 	}
@@ -331,6 +332,9 @@ func (d *Daemon) WriteDirectHostsDir(host, serverURL string) (string, error) {
 		return "", fmt.Errorf("containerdtest: creating hosts dir for %s: %w", host, err)
 	}
 	content := fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", serverURL, serverURL)
+	if caFile != "" {
+		content += fmt.Sprintf("  ca = %q\n", caFile)
+	}
 	if err := os.WriteFile(filepath.Join(hostDir, "hosts.toml"), []byte(content), 0o644); err != nil {
 		return "", fmt.Errorf("containerdtest: writing hosts.toml for %s: %w", host, err)
 	}

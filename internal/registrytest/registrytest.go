@@ -56,6 +56,7 @@ package registrytest
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -82,6 +83,9 @@ type Registry struct {
 	host   string
 	client *http.Client
 
+	scheme string // http or https
+	caFile string // with TLS: the CA's certificate, PEM
+
 	served    chan struct{}
 	closeOnce sync.Once
 	closeErr  error
@@ -93,6 +97,7 @@ type Option func(*options)
 type options struct {
 	wrap      func(http.Handler) http.Handler
 	logOutput io.Writer
+	tls       bool
 }
 
 // WithHandlerWrapper makes the server serve wrap(h) instead of the
@@ -142,6 +147,21 @@ func Start(ctx context.Context, dir string, opts ...Option) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("registrytest: listen: %w", err)
 	}
+	scheme, caFile := "http", ""
+	clientTLS := (*tls.Config)(nil)
+	if o.tls {
+		ca, err := newTestCA()
+		if err == nil {
+			caFile, err = ca.writeCA(dir)
+		}
+		if err != nil {
+			ln.Close()
+			return nil, fmt.Errorf("registrytest: making a test CA: %w", err)
+		}
+		scheme = "https"
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{ca.serving}, NextProtos: []string{"h2", "http/1.1"}})
+		clientTLS = &tls.Config{RootCAs: ca.pool}
+	}
 	cfg, err := newConfig(dir, ln.Addr().String())
 	if err != nil {
 		ln.Close()
@@ -164,9 +184,11 @@ func Start(ctx context.Context, dir string, opts ...Option) (*Registry, error) {
 		errLog = o.logOutput
 	}
 	r := &Registry{
-		app:  app,
-		ln:   ln,
-		host: ln.Addr().String(),
+		app:    app,
+		ln:     ln,
+		host:   ln.Addr().String(),
+		scheme: scheme,
+		caFile: caFile,
 		srv: &http.Server{
 			Handler:           h,
 			ReadHeaderTimeout: 30 * time.Second,
@@ -174,6 +196,7 @@ func Start(ctx context.Context, dir string, opts ...Option) (*Registry, error) {
 		},
 		client: &http.Client{Transport: &http.Transport{
 			Proxy:               nil, // loopback: never go through $HTTP_PROXY
+			TLSClientConfig:     clientTLS,
 			MaxIdleConnsPerHost: 16,
 			IdleConnTimeout:     30 * time.Second,
 			DisableCompression:  true,
@@ -234,8 +257,13 @@ func newConfig(dir, addr string) (*configuration.Configuration, error) {
 	return cfg, nil
 }
 
-// URL returns the registry's base URL, "http://127.0.0.1:PORT".
-func (r *Registry) URL() string { return "http://" + r.host }
+// URL returns the registry's base URL, "http://127.0.0.1:PORT", or
+// "https://…" with WithTLS.
+func (r *Registry) URL() string { return r.scheme + "://" + r.host }
+
+// CAFile returns the path of the PEM certificate of the CA that issued the
+// registry's certificate, or "" without WithTLS.
+func (r *Registry) CAFile() string { return r.caFile }
 
 // Host returns the registry's address, "127.0.0.1:PORT".
 func (r *Registry) Host() string { return r.host }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -385,5 +387,42 @@ func BenchmarkPush600MiB(b *testing.B) {
 		}
 		b.Logf("push %d MiB: %v", total/MiB, time.Since(start))
 		r.Close()
+	}
+}
+
+// TestTLS: with WithTLS the registry is pushed to and pulled from over TLS,
+// trusted through the CA it wrote, and refused by a client that does not
+// trust it.
+func TestTLS(t *testing.T) {
+	t.Parallel()
+	r := startRegistry(t, WithTLS())
+	if !strings.HasPrefix(r.URL(), "https://") {
+		t.Fatalf("URL: got %q, want https://", r.URL())
+	}
+	pushed, err := r.Push(t.Context(), Image{Repo: "org/app", Tag: "v1", LayerSizes: []int64{100 << 10}, Seed: 3})
+	if err != nil {
+		t.Fatalf("Push: %v", err)
+	}
+	pem, err := os.ReadFile(r.CAFile())
+	if err != nil {
+		t.Fatalf("reading the CA: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		t.Fatalf("CA file %s holds no certificate", r.CAFile())
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	layer := pushed.Layers[0]
+	resp, err := client.Get(r.URL() + "/v2/org/app/blobs/" + layer.Digest.String())
+	if err != nil {
+		t.Fatalf("GET over TLS: %v", err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || digest.FromBytes(b) != layer.Digest {
+		t.Errorf("GET over TLS: got %d bytes (%v), want the layer", len(b), err)
+	}
+	if _, err := http.Get(r.URL() + "/v2/"); err == nil || !strings.Contains(err.Error(), "certificate") {
+		t.Errorf("GET without the CA: got %v, want a certificate error", err)
 	}
 }
