@@ -22,11 +22,11 @@ import (
 	"fmt"
 	"log"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
 	"github.com/pullproxy/pullproxy/internal/containerdtest"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
@@ -103,7 +103,7 @@ func run(ctx context.Context, cfg config, jsonOut, proxyLogs string) error {
 	if ok, reason := containerdtest.Available(); !ok {
 		return fmt.Errorf("pullbench needs containerd: %s", reason)
 	}
-	prov, err := readProvenance(ctx)
+	prov, err := benchrun.ReadProvenance(ctx, []string{"ctr", "--version"})
 	if err != nil {
 		return err
 	}
@@ -114,10 +114,10 @@ func run(ctx context.Context, cfg config, jsonOut, proxyLogs string) error {
 	defer b.close()
 	b.proxyLogs = proxyLogs
 
-	rep := report{provenance: prov, ImageBytes: b.bytes, Config: cfg, Results: b.measureAll(ctx)}
+	rep := report{Provenance: prov, ImageBytes: b.bytes, Config: cfg, Results: b.measureAll(ctx)}
 	printTable(os.Stdout, rep)
 	if jsonOut != "" {
-		return writeJSON(jsonOut, rep)
+		return benchrun.WriteJSON(jsonOut, rep)
 	}
 	return nil
 }
@@ -128,10 +128,10 @@ func setup(ctx context.Context, cfg config) (*bench, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the work dir: %w", err)
 	}
-	b := &bench{cfg: cfg, dir: dir, bin: filepath.Join(dir, "pullproxy"), ref: registryHost + "/" + repo + ":v1"}
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/pullproxy").CombinedOutput(); err != nil {
+	b := &bench{cfg: cfg, dir: dir, ref: registryHost + "/" + repo + ":v1"}
+	if b.bin, err = benchrun.BuildPullproxy(ctx, dir); err != nil {
 		os.RemoveAll(dir)
-		return nil, fmt.Errorf("building pullproxy (run from the repository root): %w\n%s", err, out)
+		return nil, err
 	}
 	if b.reg, err = registrytest.Start(ctx, filepath.Join(dir, "registry"), registrytest.WithTLS()); err != nil {
 		os.RemoveAll(dir)

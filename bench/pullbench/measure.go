@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"slices"
 	"time"
 
 	"github.com/pullproxy/pullproxy/bench/carrier"
+	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
 )
 
 // runTimeout bounds one run of a measurement.
@@ -32,26 +32,18 @@ type measurement struct {
 	rtt        time.Duration
 }
 
-// summary is one figure over the runs of a measurement. For every figure
-// reported (time, upstream bytes, memory) larger is worse.
-type summary struct {
-	Runs   []float64 `json:"runs"`
-	Median float64   `json:"median"`
-	Worst  float64   `json:"worst"` // the largest of Runs
-}
-
 // result is one row of the table.
 type result struct {
-	Name          string   `json:"name"`
-	RTTms         int64    `json:"rtt_ms"` // the path's round-trip time
-	Seconds       *summary `json:"seconds,omitempty"`
-	VsClean       float64  `json:"median_vs_clean_direct_median,omitempty"` // Seconds.Median / the clean direct pull's at the same RTT
-	LinkShare     float64  `json:"image_bytes_per_median_second_of_cap,omitempty"` // image bytes / Seconds.Median / the bandwidth cap
-	PeakConns     *summary `json:"peak_sessions,omitempty"`                        // the most sessions open at once on the carrier
-	UpstreamRatio *summary `json:"upstream_bytes_ratio,omitempty"`          // bytes carried from the registry / bytes needed
-	PeakRSSMiB    *summary `json:"peak_rss_mib,omitempty"`                  // pullproxy's peak resident memory
-	Direct        *series  `json:"direct_attempts,omitempty"`               // the direct pull across the carrier
-	Error         string   `json:"error,omitempty"`                         // why the measurement stopped
+	Name          string            `json:"name"`
+	RTTms         int64             `json:"rtt_ms"` // the path's round-trip time
+	Seconds       *benchrun.Summary `json:"seconds,omitempty"`
+	VsClean       float64           `json:"median_vs_clean_direct_median,omitempty"`        // Seconds.Median / the clean direct pull's at the same RTT
+	LinkShare     float64           `json:"image_bytes_per_median_second_of_cap,omitempty"` // image bytes / Seconds.Median / the bandwidth cap
+	PeakConns     *benchrun.Summary `json:"peak_sessions,omitempty"`                        // the most sessions open at once on the carrier
+	UpstreamRatio *benchrun.Summary `json:"upstream_bytes_ratio,omitempty"`                 // bytes carried from the registry / bytes needed
+	PeakRSSMiB    *benchrun.Summary `json:"peak_rss_mib,omitempty"`                         // pullproxy's peak resident memory
+	Direct        *series           `json:"direct_attempts,omitempty"`                      // the direct pull across the carrier
+	Error         string            `json:"error,omitempty"`                                // why the measurement stopped
 }
 
 // measureAll measures every row, in the table's order: at each round-trip
@@ -156,26 +148,15 @@ func (b *bench) measure(ctx context.Context, m measurement) result {
 	return r
 }
 
-func summarise(samples []sample, figure func(sample) float64) *summary {
-	s := &summary{}
-	for _, x := range samples {
-		s.Runs = append(s.Runs, figure(x))
+// summarise summarises one figure of the samples; for every figure reported
+// (time, upstream bytes, memory, sessions) larger is worse.
+func summarise(samples []sample, figure func(sample) float64) *benchrun.Summary {
+	runs := make([]float64, len(samples))
+	for i, x := range samples {
+		runs[i] = figure(x)
 	}
-	s.Median = median(s.Runs)
-	s.Worst = slices.Max(s.Runs)
-	return s
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	s := benchrun.Summarise(runs, false)
+	return &s
 }
 
 func logResult(r result) {

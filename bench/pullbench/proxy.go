@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,27 +9,22 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"regexp"
-	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pullproxy/pullproxy/bench/carrier"
+	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
 // proxyProcess is a pullproxy serving on loopback with a data dir of its own.
 type proxyProcess struct {
-	cmd     *exec.Cmd
-	addr    string // host:port it serves on
-	url     string // "http://" + addr
+	*benchrun.Process
+	url     string // "http://" + Addr
 	dataDir string
+	log     *os.File // its debug log, with -proxy-logs
 }
-
-var addrRE = regexp.MustCompile(`msg="pullproxy serving".* addr=(\S+)`)
 
 // startProxy starts pullproxy with an empty data dir, mirroring registryHost
 // from upstreamURL (https, trusting the registry's test CA).
@@ -50,78 +44,39 @@ func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*
 		return nil, fmt.Errorf("writing pullproxy's config: %w", err)
 	}
 	args := []string{"serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--config", config}
-	var logFile *os.File
+	p := &proxyProcess{dataDir: dataDir}
+	var log io.Writer
 	if b.proxyLogs != "" {
 		args = append(args, "--log-level", "debug")
 		var err error
-		if logFile, err = os.CreateTemp(b.proxyLogs, "pullproxy-*.log"); err != nil {
+		if p.log, err = os.CreateTemp(b.proxyLogs, "pullproxy-*.log"); err != nil {
 			return nil, fmt.Errorf("creating pullproxy's log: %w", err)
 		}
+		log = p.log
 	}
-	cmd := exec.Command(b.bin, args...)
-	stderr, err := cmd.StderrPipe()
+	proc, err := benchrun.Start(ctx, exec.Command(b.bin, args...), benchrun.PullproxyAddr, log)
 	if err != nil {
-		return nil, fmt.Errorf("starting pullproxy: %w", err)
+		p.closeLog()
+		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting pullproxy: %w", err)
-	}
-	p := &proxyProcess{cmd: cmd, dataDir: dataDir}
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		if logFile != nil {
-			defer logFile.Close()
-		}
-		for sc.Scan() {
-			if logFile != nil {
-				fmt.Fprintln(logFile, sc.Text())
-			}
-			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
-				addrc <- m[1]
-			}
-			if strings.Contains(sc.Text(), "level=ERROR") {
-				fmt.Fprintln(os.Stderr, "pullproxy:", sc.Text())
-			}
-		}
-	}()
-	select {
-	case addr := <-addrc:
-		p.addr, p.url = addr, "http://"+addr
-		return p, nil
-	case <-time.After(30 * time.Second):
-		p.kill()
-		return nil, fmt.Errorf("pullproxy did not start")
-	case <-ctx.Done():
-		p.kill()
-		return nil, fmt.Errorf("waiting for pullproxy to start: %w", ctx.Err())
-	}
+	p.Process, p.url = proc, "http://"+proc.Addr
+	return p, nil
 }
 
 func (p *proxyProcess) stop() {
-	p.cmd.Process.Signal(os.Interrupt)
-	p.cmd.Wait()
+	p.Stop()
+	p.closeLog()
 }
 
 func (p *proxyProcess) kill() {
-	p.cmd.Process.Kill()
-	p.cmd.Wait()
+	p.Kill()
+	p.closeLog()
 }
 
-// peakRSS returns the process's peak resident set size (VmHWM) in MiB.
-func (p *proxyProcess) peakRSS() float64 {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.cmd.Process.Pid), "status"))
-	if err != nil {
-		return 0
+func (p *proxyProcess) closeLog() {
+	if p.log != nil {
+		p.log.Close()
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-			return kb / 1024
-		}
-	}
-	return 0
 }
 
 func (p *proxyProcess) blobURL(d registrytest.Descriptor) string {
@@ -186,7 +141,7 @@ func (b *bench) coalesce(ctx context.Context) (sample, error) {
 		return sample{}, err
 	}
 	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesDown, layer.Size),
-		rssMiB: p.peakRSS()}, nil
+		rssMiB: p.PeakRSSMiB()}, nil
 }
 
 // killed: pullproxy is killed with SIGKILL when a client has read half of a
@@ -248,5 +203,5 @@ func (b *bench) memory(ctx context.Context) (sample, error) {
 		return sample{}, err
 	}
 	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesDown, b.bytes),
-		rssMiB: p.peakRSS()}, nil
+		rssMiB: p.PeakRSSMiB()}, nil
 }

@@ -196,7 +196,7 @@ func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, prob float64, r
 	}
 	defer path.Close()
 	defer p.stop()
-	f, err := b.pull(ctx, p.addr, mirrorHosts)
+	f, err := b.pull(ctx, p.Addr, mirrorHosts)
 	if err != nil {
 		return sample{}, err
 	}
@@ -206,10 +206,10 @@ func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, prob float64, r
 	if !warm {
 		st := path.Stats()
 		return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes),
-			rssMiB: p.peakRSS(), peakConns: float64(st.PeakOpen)}, nil
+			rssMiB: p.PeakRSSMiB(), peakConns: float64(st.PeakOpen)}, nil
 	}
 	before := path.Stats().BytesDown
-	if f, err = b.pull(ctx, p.addr, mirrorHosts); err != nil {
+	if f, err = b.pull(ctx, p.Addr, mirrorHosts); err != nil {
 		return sample{}, err
 	}
 	if f.failure != "" {

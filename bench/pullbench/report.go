@@ -1,94 +1,26 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
-	"runtime"
 	"strings"
-	"time"
-)
 
-// provenance says what the figures were measured on.
-type provenance struct {
-	Commit     string `json:"commit"`      // git rev-parse HEAD when the run started
-	Dirty      bool   `json:"dirty"`       // the work tree had changes (git status --porcelain)
-	GoVersion  string `json:"go_version"`  // the go that built pullproxy
-	CtrVersion string `json:"ctr_version"` // ctr --version
-	Date       string `json:"date"`        // when the run started, UTC
-	CPUs       int    `json:"cpus"`
-}
+	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
+)
 
 // report is what results.json holds.
 type report struct {
-	provenance
+	benchrun.Provenance
 	ImageBytes int64    `json:"image_bytes"`
 	Config     config   `json:"config"`
 	Results    []result `json:"results"`
 }
 
-func readProvenance(ctx context.Context) (provenance, error) {
-	p := provenance{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU()}
-	var err error
-	if p.Commit, err = output(ctx, "git", "rev-parse", "HEAD"); err != nil {
-		return p, err
-	}
-	// --no-optional-locks: reading the status must not rewrite git's index.
-	status, err := output(ctx, "git", "--no-optional-locks", "status", "--porcelain")
-	if err != nil {
-		return p, err
-	}
-	p.Dirty = status != ""
-	if p.GoVersion, err = output(ctx, "go", "env", "GOVERSION"); err != nil {
-		return p, err
-	}
-	if p.CtrVersion, err = output(ctx, "ctr", "--version"); err != nil {
-		return p, err
-	}
-	return p, nil
-}
-
-// output runs a command and returns its standard output, trimmed.
-func output(ctx context.Context, name string, args ...string) (string, error) {
-	out, err := exec.CommandContext(ctx, name, args...).Output()
-	if err != nil {
-		var stderr []byte
-		if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
-			stderr = bytes.TrimSpace(ee.Stderr)
-		}
-		return "", fmt.Errorf("%s %s: %w %s", name, strings.Join(args, " "), err, stderr)
-	}
-	return strings.TrimSpace(string(out)), nil
-}
-
-func writeJSON(path string, rep report) error {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false) // ctr's errors quote "->"
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(rep); err != nil {
-		return fmt.Errorf("encoding the results: %w", err)
-	}
-	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
-		return fmt.Errorf("writing the results: %w", err)
-	}
-	return nil
-}
-
 // printTable prints the figures as Markdown, under what they were measured
 // on and how.
 func printTable(w io.Writer, rep report) {
-	p, cfg := rep.provenance, rep.Config
-	tree := ""
-	if p.Dirty {
-		tree = " with uncommitted changes"
-	}
-	fmt.Fprintf(w, "Commit %s%s; %s; %s; %s; %d CPUs.\n\n", p.Commit, tree, p.Date, p.GoVersion, p.CtrVersion, p.CPUs)
+	cfg := rep.Config
+	fmt.Fprintf(w, "%s\n\n", rep.Provenance)
 	fmt.Fprintf(w, "Image: %d layers, %.1f MiB. Carrier: %.0f%% of sessions cut after %.1f–%.1f MB (\"carrier\" rows; "+
 		"\"clean path\" rows: no cuts), %.0f MB/s shared; at a round-trip time above 0 each session waits %d round "+
 		"trip(s) of set-up and then TCP slow start (10 segments doubling each round trip); the registry speaks "+
