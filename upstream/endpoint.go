@@ -77,7 +77,7 @@ type budget struct {
 	points    [cutSamples]cutPoint // ring of recent cut points
 	nextPoint int
 	probing   int // probe chunks in flight
-	probeWins int  // probes completed in a row at the next size
+	probeWins int // probes completed in a row at the next size
 }
 
 type cutPoint struct {

@@ -428,9 +428,10 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		chunks.WithLabelValues("cut").Inc()
 		f.ep.health.chunk(time.Now(), true)
 		switch {
+		case c.probe: // finding where the path cuts is what a probe is for
 		case kind == "stall":
 			f.ep.pipe.failed(pipeStall)
-		case !c.probe:
+		default:
 			f.ep.pipe.failed(pipeCut)
 		}
 		probeSettled = true

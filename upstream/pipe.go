@@ -20,10 +20,12 @@ import (
 // over windows of a chunk lifetime and a half: the limit doubles, and goes
 // on doubling while goodput grows in proportion (by a quarter when it grows
 // less); once a step brings no more goodput it is taken back and the limit
-// holds until growthHold has passed, then tries again. A cut of a regular chunk (the path cutting
-// below the budget) takes one connection off, a stall a quarter, 429 and 503
-// (the upstream asking for less) a half, the last two with a pause in
-// growth. The limit stays within [minConnections, MaxConnections].
+// holds until growthHold has passed, then tries again. A regular chunk cut
+// (the path cutting below the budget) takes one connection off, one that
+// stalls a quarter, 429 and 503 (the upstream asking for less) a half, the
+// last two with a pause in growth. A probe chunk's cut or stall leaves the
+// limit alone: finding where the path cuts is what it is for. The limit
+// stays within [minConnections, MaxConnections].
 //
 // Connections go to the waiting blob that holds the fewest, first come first
 // served among equals: one blob alone can use the whole pipe, several share
@@ -248,8 +250,7 @@ const (
 var failureNames = [...]string{pipeCut: "a chunk was cut below the budget", pipeStall: "a connection stalled",
 	pipeBusy: "the upstream answered 429 or 503"}
 
-// failed shrinks the limit after a failure of one of its connections. A cut
-// probe chunk is not reported: finding where the path cuts is its purpose.
+// failed shrinks the limit after a failure of one of its connections.
 func (p *pipe) failed(kind int) {
 	now := time.Now()
 	p.mu.Lock()
