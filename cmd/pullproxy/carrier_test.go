@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
@@ -17,11 +18,12 @@ import (
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
-// The incident's carrier: 60% of TCP sessions die after 1.3–3.1 MB.
-func incidentCarrier(t *testing.T, target string, mode carrier.Mode, bandwidth int64) *carrier.Relay {
+// The incident's carrier: 60% of TCP sessions die after 1.3–3.1 MB. With
+// an rtt, each session also pays a set-up round trip and slow start.
+func incidentCarrier(t *testing.T, target string, mode carrier.Mode, bandwidth int64, rtt time.Duration) *carrier.Relay {
 	t.Helper()
 	r, err := carrier.Start(carrier.Config{Target: target, CutProb: 0.6, CutMin: 1_300_000, CutMax: 3_100_000,
-		Mode: mode, Bandwidth: bandwidth, Seed: 42})
+		Mode: mode, Bandwidth: bandwidth, Seed: 42, RTT: rtt, SetupRTTs: 1, SlowStart: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,9 +31,9 @@ func incidentCarrier(t *testing.T, target string, mode carrier.Mode, bandwidth i
 	return r
 }
 
-func startRegistry(t *testing.T) *registrytest.Registry {
+func startRegistry(t *testing.T, opts ...registrytest.Option) *registrytest.Registry {
 	t.Helper()
-	reg, err := registrytest.Start(t.Context(), t.TempDir())
+	reg, err := registrytest.Start(t.Context(), t.TempDir(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,30 +53,51 @@ func writeConfig(t *testing.T, content string) string {
 
 // TestContainerdPullThroughCarrier: containerd pulls through pullproxy while
 // the path from pullproxy to the registry is the incident's carrier, in each
-// way a session can die, with pullproxy's budget starting above the cuts.
-// The pull succeeds on its first attempt, and pullproxy takes no more than
-// 1.02x the image's bytes from upstream: every byte received before a cut is
-// kept.
+// way a session can die, with pullproxy's budget starting above the cuts,
+// and once across a 40 ms path to a registry speaking TLS with a CA of its
+// own (trusted through ca_file). The pull succeeds on its first attempt, and
+// pullproxy takes no more than 1.02x the image's bytes from upstream: every
+// byte received before a cut is kept.
 func TestContainerdPullThroughCarrier(t *testing.T) {
 	ok, reason := containerdtest.Available()
 	requireTool(t, ok, reason)
-	for _, mode := range []carrier.Mode{carrier.Reset, carrier.CleanClose, carrier.Stall} {
-		t.Run(mode.String(), func(t *testing.T) {
+	tests := []struct {
+		name string
+		mode carrier.Mode
+		rtt  time.Duration // > 0: the registry speaks TLS
+	}{
+		{"Reset", carrier.Reset, 0},
+		{"CleanClose", carrier.CleanClose, 0},
+		{"Stall", carrier.Stall, 0},
+		{"Reset over TLS at 40 ms", carrier.Reset, 40 * time.Millisecond},
+	}
+	for i, tt := range tests {
+		mode := tt.mode
+		t.Run(tt.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 			defer cancel()
-			reg := startRegistry(t)
-			img := registrytest.Image{Repo: "app/big", Tag: "v1", Seed: uint64(mode) + 1, Index: true,
+			var opts []registrytest.Option
+			if tt.rtt > 0 {
+				opts = append(opts, registrytest.WithTLS())
+			}
+			reg := startRegistry(t, opts...)
+			img := registrytest.Image{Repo: "app/big", Tag: "v1", Seed: uint64(i) + 1, Index: true,
 				LayerSizes: []int64{24 << 20, 16 << 20, 8 << 20, 3 << 20, 300 << 10}}
 			pushed, err := reg.Push(ctx, img)
 			if err != nil {
 				t.Fatal(err)
 			}
-			path := incidentCarrier(t, reg.Host(), mode, 64e6)
+			path := incidentCarrier(t, reg.Host(), mode, 64e6, tt.rtt)
 			const host = "registry.test:5000"
+			endpoint := path.URL()
+			if tt.rtt > 0 {
+				endpoint = "https://" + path.Addr()
+			}
 			dir := t.TempDir()
 			// Start above the cuts, so that the budget must learn the path.
-			proxy := startProxy(t, "--data-dir", filepath.Join(dir, "data"), "--upstream", host+"="+path.URL(),
-				"--config", writeConfig(t, "fetch:\n  connection_budget: 4MiB\n  stall_timeout: 1s\n"))
+			config := fmt.Sprintf("fetch:\n  connection_budget: 4MiB\n  stall_timeout: 1s\n"+
+				"upstreams:\n  - name: %s\n    endpoints: [{url: %q}]\n    ca_file: %q\n", host, endpoint, reg.CAFile())
+			proxy := startProxy(t, "--data-dir", filepath.Join(dir, "data"), "--config", writeConfig(t, config))
 
 			d, err := containerdtest.Start(ctx, t.TempDir())
 			if err != nil {
@@ -104,7 +127,7 @@ func TestContainerdPullThroughCarrier(t *testing.T) {
 			st := path.Stats()
 			ratio := float64(st.BytesDown) / float64(want)
 			t.Logf("%s: pulled %d bytes in %v; %d sessions, %d cut; upstream bytes %d (%.3fx)",
-				mode, want, elapsed.Round(time.Millisecond), st.Sessions, st.Cut, st.BytesDown, ratio)
+				tt.name, want, elapsed.Round(time.Millisecond), st.Sessions, st.Cut, st.BytesDown, ratio)
 			if st.Cut == 0 {
 				t.Errorf("the carrier cut no session: the test did not test anything")
 			}
