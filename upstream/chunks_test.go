@@ -485,6 +485,31 @@ func TestFetchBlobMaxConnections(t *testing.T) {
 	})
 }
 
+// TestFetchBlobOneBlobFillsThePipe: a blob fetched alone uses every
+// connection its endpoint allows, with no per-blob cap by default.
+func TestFetchBlobOneBlobFillsThePipe(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			maxConns = 6
+			budget   = 8 << 10
+		)
+		blob := randomBlob(128 << 10)
+		s := &rangeServer{blob: blob}
+		gate := newInflightGate(s)
+		cfg := FetchConfig{ConnectionBudget: budget, MaxConnectionBudget: budget, MaxConnections: maxConns}
+		r := newMemFetchRegistry(t, memNet{"registry.test": handlerRT{gate}}, cfg, "https://registry.test")
+		errs := make(chan error, 1)
+		w := newMemBlobWriter(-1)
+		go func() { _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); errs <- err }()
+		gate.drive(t, errs, 1, maxConns)
+		if _, peak := gate.count(); peak != maxConns {
+			t.Errorf("most GETs in flight at once: got %v, want %v", peak, maxConns)
+		}
+		checkBlob(t, w, blob)
+	})
+}
+
 // TestFetchBlobParallelWithoutHeadSize: when the HEAD does not give the
 // size, the first chunk learns it; then Parallel chunks are in flight.
 func TestFetchBlobParallelWithoutHeadSize(t *testing.T) {
