@@ -22,10 +22,11 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 	ctx := r.Context()
 	d := digest.Digest(rt.ref) // validated by resolve
 	h := w.Header()
-	h.Set("Content-Type", "application/octet-stream")
-	h.Set("Docker-Content-Digest", d.String())
-	h.Set("Etag", `"`+d.String()+`"`)
-	h.Set("Accept-Ranges", "bytes")
+	h["Content-Type"] = octetStream
+	h["Docker-Content-Digest"] = []string{d.String()}
+	h["Etag"] = []string{`"` + d.String() + `"`}
+	h["Accept-Ranges"] = acceptRanges
+	h["Cache-Control"] = immutable
 
 	// Twice at most: a download may commit between the lookup and the join.
 	for range 2 {
@@ -34,9 +35,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 			setSource(w, "cache")
 			http.ServeContent(w, r, "", time.Time{}, f)
 			f.Close()
-			if err := s.blobs.Touch(ctx, d); err != nil {
-				s.log.Warn("recording blob access", "digest", d, "err", err)
-			}
+			s.accesses.note(d)
 			return
 		}
 		if !errors.Is(err, storage.ErrNotFound) {
@@ -61,6 +60,16 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	s.fail(w, r, rt, fmt.Errorf("blob %s: committed but not readable", d))
 }
+
+// Header values every blob response shares (net/http only reads them). A
+// blob's content never changes under its digest, so caches between
+// pullproxy and its clients may keep it as long as they like, as
+// distribution's registry also tells them.
+var (
+	octetStream  = []string{"application/octet-stream"}
+	acceptRanges = []string{"bytes"}
+	immutable    = []string{"max-age=31536000"}
+)
 
 // headBlob answers a HEAD for a blob not in the store without downloading it.
 func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d digest.Digest) {

@@ -10,6 +10,7 @@ import (
 type metrics struct {
 	requests    *prometheus.CounterVec
 	servedBytes *prometheus.CounterVec
+	served      map[string]prometheus.Counter // servedBytes by source, looked up once
 	staleTags   *prometheus.CounterVec
 	fetches     *prometheus.CounterVec
 }
@@ -33,6 +34,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Upstream blob downloads finished, by upstream and result (committed, failed).",
 		}, []string{"upstream", "result"}),
 	}
+	m.served = map[string]prometheus.Counter{
+		"cache":    m.servedBytes.WithLabelValues("cache"),
+		"download": m.servedBytes.WithLabelValues("download"),
+	}
 	for _, c := range []prometheus.Collector{m.requests, m.servedBytes, m.staleTags, m.fetches} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -48,6 +53,7 @@ type responseRecorder struct {
 	status  int
 	written int64
 	source  string // for blobs: "cache" or "download"
+	flushed bool   // the header has been sent
 }
 
 func (w *responseRecorder) WriteHeader(status int) {
@@ -61,7 +67,16 @@ func (w *responseRecorder) Write(b []byte) (int, error) {
 	return n, err
 }
 
+// ReadFrom sends the header first, on its own: net/http would otherwise
+// read the body's first 512 bytes to send them along with it, and sendfile
+// the rest from a file offset that is no longer page-aligned.
 func (w *responseRecorder) ReadFrom(src io.Reader) (int64, error) {
+	if !w.flushed {
+		if f, ok := w.ResponseWriter.(http.Flusher); ok {
+			f.Flush()
+		}
+		w.flushed = true
+	}
 	n, err := io.Copy(w.ResponseWriter, src)
 	w.written += n
 	return n, err

@@ -58,13 +58,14 @@ func parsePath(path string) (name, kind, ref string, ok bool) {
 // (CRI-O's mirror location "mirror:5000/docker.io"); the default upstream
 // (Docker's registry-mirrors). A request naming no configured upstream is
 // refused: pullproxy is not an open proxy.
-func (s *Server) resolve(r *http.Request) (route, error) {
+// ns is the request's ns query parameter.
+func (s *Server) resolve(r *http.Request, ns string) (route, error) {
 	name, kind, ref, ok := parsePath(r.URL.Path)
 	if !ok {
 		return route{}, errUnsupported(fmt.Sprintf("%s %s is not part of the registry API pullproxy serves", r.Method, r.URL.Path))
 	}
 	var up Upstream
-	if ns := r.URL.Query().Get("ns"); ns != "" {
+	if ns != "" {
 		up = s.upstreams[upstream.CanonicalName(ns)]
 		if up == nil {
 			return route{}, &ociError{status: http.StatusNotFound, code: "NAME_UNKNOWN",
@@ -85,6 +86,9 @@ func (s *Server) resolve(r *http.Request) (route, error) {
 	}
 	switch {
 	case kind == kindBlob || strings.Contains(ref, ":"):
+		if isSHA256(ref) {
+			break
+		}
 		if _, err := digest.Parse(ref); err != nil {
 			return route{}, &ociError{status: http.StatusBadRequest, code: "DIGEST_INVALID",
 				message: fmt.Sprintf("invalid digest %q: %v", ref, err)}
@@ -94,4 +98,19 @@ func (s *Server) resolve(r *http.Request) (route, error) {
 			message: fmt.Sprintf("invalid tag %q", ref)}
 	}
 	return route{up: up, repo: name, kind: kind, ref: ref}, nil
+}
+
+// isSHA256 reports whether ref is a sha256 digest in canonical form, which
+// is what digest.Parse accepts for sha256, without its regular expressions.
+func isSHA256(ref string) bool {
+	hex, ok := strings.CutPrefix(ref, "sha256:")
+	if !ok || len(hex) != 64 {
+		return false
+	}
+	for i := range len(hex) {
+		if c := hex[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"os"
+	"path"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,6 +92,9 @@ type Server struct {
 	mux             *http.ServeMux
 
 	downloads *downloads
+	accesses  *accesses
+	// accessesDone is closed once the last accesses are recorded, after Close.
+	accessesDone chan struct{}
 	// resolving coalesces concurrent lookups of one tag or manifest digest.
 	resolving singleflight.Group
 
@@ -234,6 +240,11 @@ func New(opts ...Option) (*Server, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.downloads = newDownloads(s, c.fetchTimeout)
+	s.accesses, s.accessesDone = newAccesses(), make(chan struct{})
+	go func() {
+		defer close(s.accessesDone)
+		s.recordAccesses(s.ctx)
+	}()
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("/v2/", s.serveRegistry)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(c.registry, promhttp.HandlerOpts{}))
@@ -242,33 +253,44 @@ func New(opts ...Option) (*Server, error) {
 }
 
 // Close cancels the downloads in progress and waits for them to stop.
-// Their progress is kept for the next start.
+// Their progress is kept for the next start. It records the blob accesses
+// noted so far; later ones are not recorded.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
 	s.wg.Wait()
+	<-s.accessesDone
 	return nil
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP serves the registry API under /v2/, /metrics and /healthz.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// A clean /v2/ path is what the mux would route to serveRegistry
+	// anyway; going there directly spares every blob request the mux's
+	// matching and its allocations.
+	if p := r.URL.Path; strings.HasPrefix(p, "/v2/") && (p == "/v2/" || path.Clean(p) == p) && r.Method != http.MethodConnect {
+		s.serveRegistry(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // serveRegistry handles everything under /v2/.
 func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	rw := &responseRecorder{ResponseWriter: w, status: http.StatusOK}
 	w = rw
-	w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+	w.Header()["Docker-Distribution-API-Version"] = apiVersion
 	kind := "other"
+	ns := queryValue(r.URL, "ns")
 	defer func() {
-		s.metrics.requests.WithLabelValues(kind, methodLabel(r.Method), strconv.Itoa(rw.status)).Inc()
-		if rw.source != "" {
-			s.metrics.servedBytes.WithLabelValues(rw.source).Add(float64(rw.written))
+		s.metrics.requests.WithLabelValues(kind, methodLabel(r.Method), statusLabel(rw.status)).Inc()
+		if c := s.metrics.served[rw.source]; c != nil {
+			c.Add(float64(rw.written))
 		}
-		s.log.Info("request", "method", r.Method, "path", r.URL.Path, "ns", r.URL.Query().Get("ns"),
-			"status", rw.status, "bytes", rw.written, "duration", time.Since(start).Round(time.Microsecond),
-			"remote", r.RemoteAddr)
+		s.logRequest(r, ns, rw, start)
 	}()
 
 	if r.URL.Path == "/v2/" || r.URL.Path == "/v2" {
@@ -286,12 +308,12 @@ func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 			message: "pullproxy is a read-only mirror: " + r.Method + " is not supported"})
 		return
 	}
-	rt, err := s.resolve(r)
+	rt, err := s.resolve(r, ns)
 	if err != nil {
 		oe := toOCI(err, "")
 		if oe.code == "NAME_UNKNOWN" {
 			s.log.Warn("refused request for an unconfigured upstream", "path", r.URL.Path,
-				"ns", r.URL.Query().Get("ns"), "fix", "add the registry to upstreams if it should be mirrored")
+				"ns", ns, "fix", "add the registry to upstreams if it should be mirrored")
 		}
 		writeError(w, r, oe)
 		return
@@ -303,6 +325,62 @@ func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 	case kindBlob:
 		s.serveBlob(w, r, rt)
 	}
+}
+
+// apiVersion is the value of Docker-Distribution-API-Version, shared by
+// every response: net/http only reads header values.
+var apiVersion = []string{"registry/2.0"}
+
+// logRequest writes the line every request gets, at Info. It builds the
+// record itself rather than calling Logger.Info, which would also look up
+// the caller's program counter and box every value: the line is the same.
+func (s *Server) logRequest(r *http.Request, ns string, rw *responseRecorder, start time.Time) {
+	ctx := r.Context()
+	h := s.log.Handler()
+	if !h.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	now := time.Now()
+	rec := slog.NewRecord(now, slog.LevelInfo, "request", 0)
+	rec.AddAttrs(slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("ns", ns),
+		slog.Int("status", rw.status), slog.Int64("bytes", rw.written),
+		slog.Duration("duration", now.Sub(start).Round(time.Microsecond)), slog.String("remote", r.RemoteAddr))
+	h.Handle(ctx, rec)
+}
+
+// queryValue is u.Query().Get(key) without parsing the whole query into a
+// map, for queries that need no unescaping (containerd's "ns=docker.io").
+func queryValue(u *url.URL, key string) string {
+	q := u.RawQuery
+	if q == "" {
+		return ""
+	}
+	if strings.ContainsAny(q, "%+;") {
+		return u.Query().Get(key)
+	}
+	for q != "" {
+		var pair string
+		pair, q, _ = strings.Cut(q, "&")
+		if k, v, _ := strings.Cut(pair, "="); k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// statusLabel is strconv.Itoa(status), without allocating for the common ones.
+func statusLabel(status int) string {
+	switch status {
+	case http.StatusOK:
+		return "200"
+	case http.StatusPartialContent:
+		return "206"
+	case http.StatusNotModified:
+		return "304"
+	case http.StatusNotFound:
+		return "404"
+	}
+	return strconv.Itoa(status)
 }
 
 // methodLabel bounds the method label: any method a client invents would

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/opencontainers/go-digest"
@@ -99,11 +101,31 @@ func (s *Store) partialPath(d digest.Digest) string {
 	return filepath.Join(s.root, "partial", string(d.Algorithm())+"-"+d.Encoded())
 }
 
+// validate checks that d is a well-formed digest of an available algorithm.
+// The common case, sha256, is checked without d.Validate's regular
+// expressions: this runs on every blob served.
 func validate(d digest.Digest) error {
+	if isSHA256(d) {
+		return nil
+	}
 	if err := d.Validate(); err != nil {
 		return fmt.Errorf("digest %q: %w", d, err)
 	}
 	return nil
+}
+
+// isSHA256 reports whether d is sha256: followed by 64 lowercase hex digits.
+func isSHA256(d digest.Digest) bool {
+	hex, ok := strings.CutPrefix(string(d), "sha256:")
+	if !ok || len(hex) != 64 {
+		return false
+	}
+	for i := range len(hex) {
+		if c := hex[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // OpenBlob opens a verified blob for reading. The caller closes the file.
@@ -112,7 +134,7 @@ func (s *Store) OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64,
 	if err := validate(d); err != nil {
 		return nil, 0, err
 	}
-	f, err := os.Open(s.blobPath(d))
+	f, err := openFile(s.blobPath(d))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, 0, fmt.Errorf("blob %s: %w", d, ErrNotFound)
 	}
@@ -125,6 +147,24 @@ func (s *Store) OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64,
 		return nil, 0, fmt.Errorf("opening blob %s: %w", d, err)
 	}
 	return f, fi.Size(), nil
+}
+
+// openFile opens a file for reading as os.Open does, but with two system
+// calls where os.Open makes six on Linux: it makes the descriptor
+// non-blocking, offers it to the network poller, which refuses regular
+// files, and makes it blocking again. The file served is the same; this
+// runs on every blob served.
+func openFile(name string) (*os.File, error) {
+	for {
+		fd, err := syscall.Open(name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &fs.PathError{Op: "open", Path: name, Err: err}
+		}
+		return os.NewFile(uintptr(fd), name), nil
+	}
 }
 
 // StatBlob returns a verified blob's size, or ErrNotFound.
