@@ -1,0 +1,87 @@
+package benchrun
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// CPUTime is a process's CPU time, all its threads, in seconds.
+type CPUTime struct{ User, Sys float64 }
+
+// Total is user plus system time.
+func (t CPUTime) Total() float64 { return t.User + t.Sys }
+
+// Sub is t minus u.
+func (t CPUTime) Sub(u CPUTime) CPUTime { return CPUTime{t.User - u.User, t.Sys - u.Sys} }
+
+// ReadCPUTime sums utime and stime from /proc/PID/stat over pids.
+func ReadCPUTime(pids ...int) (CPUTime, error) {
+	hz := clockTicks()
+	var t CPUTime
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return CPUTime{}, fmt.Errorf("reading CPU time: %w", err)
+		}
+		// The command name, in parentheses, may hold spaces: fields count
+		// from after it. utime and stime are fields 14 and 15 of the line.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			return CPUTime{}, fmt.Errorf("reading CPU time: unexpected /proc/%d/stat: %q", pid, b)
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 13 {
+			return CPUTime{}, fmt.Errorf("reading CPU time: unexpected /proc/%d/stat: %q", pid, b)
+		}
+		u, err1 := strconv.ParseInt(f[11], 10, 64)
+		s, err2 := strconv.ParseInt(f[12], 10, 64)
+		if err1 != nil || err2 != nil {
+			return CPUTime{}, fmt.Errorf("reading CPU time: unexpected /proc/%d/stat: %q", pid, b)
+		}
+		t.User += float64(u) / hz
+		t.Sys += float64(s) / hz
+	}
+	return t, nil
+}
+
+// Children returns the ids of pid's child processes (nginx's workers).
+func Children(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var kids []int
+	for _, e := range entries {
+		id, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", id))
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if f := strings.Fields(string(b[i+1:])); i >= 0 && len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			kids = append(kids, id)
+		}
+	}
+	return kids
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/PID/stat's times:
+// 100 on Linux, unless getconf says otherwise.
+var clockTicks = sync.OnceValue(func() float64 {
+	out, err := exec.Command("getconf", "CLK_TCK").Output()
+	if err != nil {
+		return 100
+	}
+	if hz, err := strconv.ParseFloat(strings.TrimSpace(string(out)), 64); err == nil && hz > 0 {
+		return hz
+	}
+	return 100
+})

@@ -1,0 +1,51 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
+)
+
+// report is what the JSON file holds.
+type report struct {
+	benchrun.Provenance
+	Config  config   `json:"config"`
+	Results []result `json:"results"`
+}
+
+// printTable prints one row per blob and one column per server: requests/s
+// and GiB/s, each as the median and the worst run.
+func printTable(w io.Writer, rep report) {
+	cfg := rep.Config
+	fmt.Fprintf(w, "%s\n\n", rep.Provenance)
+	fmt.Fprintf(w, "wrk, %d threads, keep-alive, %v per run, %d runs; each cell: requests/s and GiB/s as wrk "+
+		"reports them, and the server's CPU time per request (user + system, from /proc; distribution's includes "+
+		"the idle benchmark process it runs in), median (worst).\n\n", cfg.Threads, cfg.Duration, cfg.Runs)
+	fmt.Fprintf(w, "| blob | connections | %s |\n", strings.Join(servers, " | "))
+	fmt.Fprintf(w, "| --- | ---: |%s\n", strings.Repeat(" ---: |", len(servers)))
+	for _, b := range cfg.Blobs {
+		cells := []string{b.Name, fmt.Sprint(b.Connections)}
+		for _, s := range servers {
+			cells = append(cells, cell(rep.Results, b.Name, s))
+		}
+		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+	}
+}
+
+func cell(results []result, blob, server string) string {
+	for _, r := range results {
+		if r.Blob != blob || r.Server != server {
+			continue
+		}
+		if r.Error != "" {
+			first, _, _ := strings.Cut(r.Error, "\n")
+			return "failed: " + first
+		}
+		const gib = 1 << 30
+		return fmt.Sprintf("%.0f (%.0f) req/s, %.2f (%.2f) GiB/s, %.1f (%.1f) CPU-µs/req", r.RequestsPerSec.Median,
+			r.RequestsPerSec.Worst, r.BytesPerSec.Median/gib, r.BytesPerSec.Worst/gib, r.CPUMicros.Median, r.CPUMicros.Worst)
+	}
+	return ""
+}
