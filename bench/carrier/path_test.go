@@ -82,10 +82,14 @@ func TestSlowStartThroughRelay(t *testing.T) {
 		t.Errorf("1 MiB in %v, faster than slow start allows (%v)", d, 6*rtt)
 	}
 
-	for _, mode := range []Mode{Reset, CleanClose} {
+	for _, mode := range []Mode{Reset, CleanClose, Stall} {
 		cut := startRelay(t, Config{Target: srv.ln.Addr().String(), RTT: rtt, SlowStart: true,
 			CutProb: 1, CutMin: 100_000, CutMax: 100_000, Mode: mode})
-		got, err := readToEnd(dial(t, cut), 10*time.Second)
+		timeout := 10 * time.Second
+		if mode == Stall {
+			timeout = time.Second // the stall shows as the deadline
+		}
+		got, err := readToEnd(dial(t, cut), timeout)
 		checkErrKind(t, mode, err)
 		if len(got) != 100_000 {
 			t.Errorf("%v: cut after %d bytes, want 100000", mode, len(got))
