@@ -73,7 +73,7 @@ const (
 	// with it, before trying again.
 	growthHold = 30 * time.Second
 	// minWindow and maxWindow bound the goodput measurement window, which
-	// is otherwise two chunk lifetimes.
+	// is otherwise a chunk lifetime and a half.
 	minWindow, maxWindow = 200 * time.Millisecond, 5 * time.Second
 	// staleRate: a goodput older than this says nothing about the path now.
 	staleRate = time.Minute
