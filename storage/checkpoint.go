@@ -22,9 +22,12 @@ import (
 // A checkpoint syncs the file before recording, so the record never claims
 // bytes the disk may not hold. Checkpoints are taken every checkpointBytes
 // written or checkpointInterval, whichever comes first: a crash costs at most
-// that much work again.
+// that much work again. Each costs a sync of the file and a synced database
+// write: 16 MiB makes about one a second per blob when three share a 64 MB/s
+// path (4 MiB would make five), and keeps what a crash loses small next to
+// a layer of a few hundred MiB.
 const (
-	checkpointBytes    = 4 << 20
+	checkpointBytes    = 16 << 20
 	checkpointInterval = time.Second
 	partialPrefix      = "partial/"
 )
@@ -45,7 +48,7 @@ func partialKey(d digest.Digest) []byte { return []byte(partialPrefix + d.String
 func (p *Partial) maybeCheckpoint(n int) {
 	p.mu.Lock()
 	p.unsaved += int64(n)
-	due := p.size >= 0 && (p.unsaved >= checkpointBytes || time.Since(p.savedAt) >= checkpointInterval)
+	due := p.size >= 0 && (p.unsaved >= p.checkpointBytes || time.Since(p.savedAt) >= checkpointInterval)
 	p.mu.Unlock()
 	if !due || !p.checkpointing.CompareAndSwap(false, true) {
 		return

@@ -31,7 +31,7 @@ func reopen(t *testing.T, s *Store) *Store {
 
 // TestPartialResumesAfterCrash: a download killed without any goodbye (no
 // Fail, no Abandon, as with kill -9) resumes from its last checkpoint, which
-// a checkpoint every checkpointBytes keeps close to where it stopped; the
+// a checkpoint every few MiB keeps close to where it stopped; the
 // resumed download verifies.
 func TestPartialResumesAfterCrash(t *testing.T) {
 	t.Parallel()
@@ -40,12 +40,14 @@ func TestPartialResumesAfterCrash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data := randomBytes(7, 3*checkpointBytes+12345)
+	const every = 4 << 20 // checkpointBytes, lowered to keep the test small
+	data := randomBytes(7, 3*every+12345)
 	d := digest.FromBytes(data)
 	p, err := s.NewPartial(t.Context(), d, int64(len(data)))
 	if err != nil {
 		t.Fatal(err)
 	}
+	p.checkpointBytes = every
 	half := len(data) / 2
 	for off := 0; off < half; off += 1 << 20 {
 		if _, err := p.WriteAt(data[off:min(off+1<<20, half)], int64(off)); err != nil {
@@ -60,8 +62,8 @@ func TestPartialResumesAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	start, _ := q.Missing(0)
-	if start < int64(half)-checkpointBytes || start > int64(half) {
-		t.Errorf("resumed at %d, want within one checkpoint (%d bytes) below %d", start, checkpointBytes, half)
+	if start < int64(half)-every || start > int64(half) {
+		t.Errorf("resumed at %d, want within one checkpoint (%d bytes) below %d", start, every, half)
 	}
 	if _, err := q.WriteAt(data[start:], start); err != nil {
 		t.Fatal(err)
@@ -185,6 +187,64 @@ func TestPartialWanted(t *testing.T) {
 	}
 	if got := p.Wanted(); len(got) != 0 {
 		t.Errorf("Wanted after the readers left: got %v, want none", got)
+	}
+}
+
+// TestPartialWakesOnlyFedReaders: a write wakes the readers waiting in
+// WaitAvailable only when it gives one of them bytes to read. Writes ahead of
+// a reader (the other chunks of a blob fetched at once), or into the last
+// HoldBack bytes, leave it asleep; the write that reaches it wakes it.
+func TestPartialWakesOnlyFedReaders(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	const size = 8 * HoldBack
+	data := randomBytes(11, size)
+	p, err := s.NewPartial(t.Context(), digest.FromBytes(data), size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Fail(nil)
+	write := func(start, end int64) {
+		t.Helper()
+		if _, err := p.WriteAt(data[start:end], start); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(0, HoldBack) // the first byte: WaitStarted's wake-up is spent
+
+	type got struct {
+		n   int64
+		err error
+	}
+	woke := make(chan got, 1)
+	go func() {
+		n, err := p.WaitAvailable(t.Context(), HoldBack)
+		woke <- got{n, err}
+	}()
+	for p.waiters() != 1 {
+		runtime.Gosched()
+	}
+	p.mu.Lock()
+	changed := p.changed
+	p.mu.Unlock()
+	asleep := func(after string) {
+		t.Helper()
+		select {
+		case <-changed:
+			t.Fatalf("after %s: the waiting reader was woken, want it left asleep", after)
+		default:
+		}
+	}
+	write(3*HoldBack, 4*HoldBack)
+	asleep("a write ahead of the reader")
+	write(size-HoldBack, size)
+	asleep("a write of the held-back tail")
+	write(2*HoldBack, 3*HoldBack)
+	asleep("a write that joins the one ahead")
+
+	write(HoldBack, 2*HoldBack)
+	if g := <-woke; g.err != nil || g.n != 3*HoldBack {
+		t.Errorf("WaitAvailable(%d) after the write that reaches it: got %d, %v; want %d, nil", HoldBack, g.n, g.err, 3*HoldBack)
 	}
 }
 

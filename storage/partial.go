@@ -61,11 +61,12 @@ type Partial struct {
 	resumedSum    []byte // the recorded hash state's sum over that prefix
 
 	// Progress checkpoints (see checkpoint.go).
-	unsaved       int64       // bytes written since the last checkpoint; under mu
-	savedAt       time.Time   // time of the last checkpoint; under mu
-	recorded      atomic.Bool // a progress record exists
-	checkpointing atomic.Bool
-	background    sync.WaitGroup // a checkpoint running; ended before the file is closed
+	checkpointBytes int64       // bytes written between checkpoints, at most: checkpointBytes but in tests
+	unsaved         int64       // bytes written since the last checkpoint; under mu
+	savedAt         time.Time   // time of the last checkpoint; under mu
+	recorded        atomic.Bool // a progress record exists
+	checkpointing   atomic.Bool
+	background      sync.WaitGroup // a checkpoint running; ended before the file is closed
 }
 
 // NewPartial starts a download of d, or resumes the one an earlier run left
@@ -114,6 +115,8 @@ func newPartial(s *Store, d digest.Digest, f *os.File) *Partial {
 		changed: make(chan struct{}),
 		hasher:  d.Algorithm().Hash(),
 		savedAt: time.Now(),
+
+		checkpointBytes: checkpointBytes,
 	}
 }
 
@@ -229,8 +232,10 @@ func (p *Partial) writeSpan(b []byte, off int64) (int, error) {
 	p.writing.remove(off, off+int64(len(b)))
 	if n > 0 {
 		p.done.add(off, off+int64(n))
+		if !p.started || p.feedsWaiterLocked(off) {
+			p.notifyLocked()
+		}
 		p.started = true
-		p.notifyLocked()
 	}
 	p.mu.Unlock()
 	if n > 0 {
@@ -552,6 +557,25 @@ func (p *Partial) WaitAvailable(ctx context.Context, off int64) (int64, error) {
 			return 0, waitErr
 		}
 	}
+}
+
+// feedsWaiterLocked reports whether bytes just marked done at off make
+// bytes available to a reader waiting in WaitAvailable. Other writes leave
+// every waiter where it was (a waiter's bytes are the written run starting at
+// its offset), so they wake nobody: with several chunks written at once, most
+// writes land ahead of where readers wait. Called with mu held.
+func (p *Partial) feedsWaiterLocked(off int64) bool {
+	if len(p.wanted) == 0 || p.size < 0 {
+		return false
+	}
+	start, end := p.done.covering(off)
+	end = min(end, p.size-HoldBack)
+	for _, w := range p.wanted {
+		if start <= w && w < end {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *Partial) availableLocked(off int64) int64 {

@@ -46,6 +46,23 @@ func (s spans) contiguous(off int64) int64 {
 	return off
 }
 
+// covering returns the range that covers off, or off, off if none does.
+func (s spans) covering(off int64) (start, end int64) {
+	i, found := slices.BinarySearchFunc(s, off, func(x span, t int64) int {
+		switch {
+		case x.end <= t:
+			return -1
+		case x.start > t:
+			return 1
+		}
+		return 0
+	})
+	if !found {
+		return off, off
+	}
+	return s[i].start, s[i].end
+}
+
 // gap returns the first range at or after off, below size, that s does not
 // cover, as [start, end); start == end when there is none.
 func (s spans) gap(off, size int64) (start, end int64) {

@@ -76,3 +76,18 @@ func TestSpansRemove(t *testing.T) {
 		})
 	}
 }
+
+func TestSpansCovering(t *testing.T) {
+	t.Parallel()
+	s := spans{{0, 10}, {20, 30}}
+	for _, tc := range []struct{ off, start, end int64 }{
+		{0, 0, 10}, {9, 0, 10}, {10, 10, 10}, {15, 15, 15}, {20, 20, 30}, {29, 20, 30}, {30, 30, 30},
+	} {
+		if a, z := s.covering(tc.off); a != tc.start || z != tc.end {
+			t.Errorf("covering(%d): got [%d, %d), want [%d, %d)", tc.off, a, z, tc.start, tc.end)
+		}
+	}
+	if a, z := spans(nil).covering(5); a != 5 || z != 5 {
+		t.Errorf("covering(5) of nothing: got [%d, %d), want [5, 5)", a, z)
+	}
+}
