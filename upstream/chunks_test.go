@@ -795,16 +795,26 @@ func TestBudget(t *testing.T) {
 		}
 		checkNext(t, b, t0, mib, false) // cleanProbes at a time on a clean path
 		check(t, "a chunk that is no probe", b.completed(mib, false, t0), 0)
-		for range cleanProbes {
-			check(t, "a probe completes", b.completed(2*mib, true, t0), 0)
-		}
-		check(t, "probes short of growAfter", probes(t, b, growAfter-cleanProbes-1, t0), 0)
-		check(t, "budget", b.get(), mib)
-		check(t, "the growAfter-th probe", probes(t, b, 1, t0), 2*mib)
+		check(t, "a probe completes", b.completed(2*mib, true, t0), 0)
+		check(t, "the cleanGrowAfter-th", b.completed(2*mib, true, t0), 2*mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), 2*mib)
-		check(t, "growAfter more", probes(t, b, growAfter, t0), 4*mib)
+		for range cleanProbes - cleanGrowAfter {
+			check(t, "a probe of the size adopted", b.completed(2*mib, true, t0), 0)
+		}
+		check(t, "cleanGrowAfter more", probes(t, b, cleanGrowAfter, t0), 4*mib)
 		checkNext(t, b, t0, 4*mib, false) // at MaxBudget
 		check(t, "budget", b.get(), 4*mib)
+	})
+	t.Run("a cut restarts the count of probes", func(t *testing.T) {
+		t.Parallel()
+		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 64 * mib})
+		probes(t, b, cleanGrowAfter-1, t0)
+		check(t, "a cut above the budget", b.cut(3*mib, false, "reset", t0), 0)
+		// With a recent cut, growAfter probes in a row, one at a time.
+		check(t, "growAfter-1 probes", probes(t, b, growAfter-1, t0), 0)
+		check(t, "the growAfter-th", probes(t, b, 1, t0), 2*mib)
+		// Probes now stop at 3/4 of the cut.
+		checkNext(t, b, t0, 3*mib*3/4, true)
 	})
 	t.Run("one probe at a time once a cut is recent", func(t *testing.T) {
 		t.Parallel()
@@ -867,16 +877,6 @@ func TestBudget(t *testing.T) {
 		// Growth stops at 3/4 of the carrier's cut-off (the third smallest
 		// cut point, past the two odd ones): below the budget, which stays.
 		checkNext(t, b, t0, mib, false)
-	})
-	t.Run("a cut restarts the count of probes", func(t *testing.T) {
-		t.Parallel()
-		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 64 * mib})
-		probes(t, b, growAfter-1, t0)
-		check(t, "a cut above the budget", b.cut(3*mib, false, "reset", t0), 0)
-		check(t, "growAfter-1 probes", probes(t, b, growAfter-1, t0), 0)
-		check(t, "the growAfter-th", probes(t, b, 1, t0), 2*mib)
-		// Probes now stop at 3/4 of the cut.
-		checkNext(t, b, t0, 3*mib*3/4, true)
 	})
 	t.Run("fixed", func(t *testing.T) {
 		t.Parallel()

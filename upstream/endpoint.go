@@ -54,8 +54,10 @@ func (ep *endpoint) name() string {
 // adopted. Once a session was cut recently, one probe at a time is in
 // flight: that bounds what finding the edge costs (on a path that stalls
 // sessions, one stalled chunk rather than a wave). On a path with no recent
-// cut, cleanProbes probe at once, so that the budget grows in a few chunk
-// lifetimes: large chunks spend fewer round trips in set-up and slow start.
+// cut, cleanProbes probe at once and cleanGrowAfter in a row suffice, so
+// that the budget grows in a few chunk lifetimes: a large chunk spends fewer
+// round trips in set-up and slow start, and each connection costs about a
+// millisecond of CPU (a TLS handshake more).
 //
 // Sessions that die part-way are cut points, and the carrier's cut-off is
 // estimated from the recent ones as the (cutOutliers+1)-th smallest, so that
@@ -89,9 +91,9 @@ type cutPoint struct {
 const (
 	// growAfter probes completed in a row at twice the budget adopt it.
 	growAfter = 8
-	// cleanProbes is how many probes may be in flight on a path with no
-	// recent cut.
-	cleanProbes = 4
+	// cleanProbes is how many probes may be in flight, and cleanGrowAfter
+	// how many must complete in a row, on a path with no recent cut.
+	cleanProbes, cleanGrowAfter = 4, 2
 	// cutMemory is how long a cut point counts.
 	cutMemory = 10 * time.Minute
 	// cutSamples is how many recent cut points are kept.
@@ -182,13 +184,17 @@ func (b *budget) completed(size int64, probe bool, now time.Time) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.probing--
-	if b.probeWins++; b.probeWins < growAfter {
+	if size <= b.current {
+		return 0 // a probe of a size adopted meanwhile: no evidence for the next
+	}
+	wins := growAfter
+	if edge, _ := b.edgeLocked(now, false); edge == 0 {
+		wins = cleanGrowAfter
+	}
+	if b.probeWins++; b.probeWins < wins {
 		return 0
 	}
 	b.probeWins = 0
-	if size <= b.current {
-		return 0
-	}
 	b.current = size
 	b.gauge.Set(float64(size))
 	return size
