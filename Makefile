@@ -2,7 +2,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build run test vet deps bench clean
+.PHONY: all build run test vet deps bench bench-deps bench-pull bench-serve bench-cpu clean
 
 all: build
 
@@ -21,9 +21,25 @@ test: vet
 vet:
 	$(GO) vet ./...
 
-## bench: pull the incident's 600 MiB image across the simulated carrier (root, containerd)
-bench:
+## bench: every benchmark, each writing its results under bench/ (root; make deps bench-deps first)
+bench: bench-pull bench-serve bench-cpu
+
+## bench-pull: the incident's 600 MiB image across the simulated carrier at RTT 0, 40 and 100 ms
+bench-pull:
 	$(GO) run ./bench/pullbench -runs 3 -json bench/results.json
+
+## bench-serve: cached blobs served by pullproxy, nginx and distribution, side by side
+bench-serve:
+	$(GO) run ./bench/servebench -runs 3 -json bench/serve-results.json
+
+## bench-cpu: CPU time of a cold fetch, pullproxy against distribution's proxy mode
+bench-cpu:
+	$(GO) run ./bench/cpubench -runs 3 -json bench/cpu-results.json
+
+## bench-deps: install what the benchmarks drive besides containerd (Debian; as root)
+bench-deps:
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx wrk curl
 
 ## deps: install what the end-to-end tests drive (Debian; as root)
 deps:

@@ -140,10 +140,16 @@ func Median(xs []float64) float64 {
 // into dir and returns the binary's path.
 func BuildPullproxy(ctx context.Context, dir string) (string, error) {
 	bin := filepath.Join(dir, "pullproxy")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/pullproxy").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building pullproxy (run from the repository root): %w\n%s", err, out)
+	return bin, Build(ctx, bin, "./cmd/pullproxy")
+}
+
+// Build builds the package pkg (a path relative to the repository's root,
+// where the benchmark runs) into the binary bin.
+func Build(ctx context.Context, bin, pkg string) error {
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		return fmt.Errorf("building %s (run from the repository root): %w\n%s", pkg, err, out)
 	}
-	return bin, nil
+	return nil
 }
 
 // Process is a server started by a benchmark: pullproxy, or another that

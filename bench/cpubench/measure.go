@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
+	"github.com/pullproxy/pullproxy/internal/registrytest"
+)
+
+const (
+	fetchTimeout = 10 * time.Minute // one cold fetch of every blob
+	quietPoll    = 100 * time.Millisecond
+	quietPolls   = 3                // polls in a row with no CPU time spent
+	quietTimeout = 10 * time.Second // give up waiting for quiet after this long
+)
+
+// sample is what one cold fetch through a mirror cost it.
+type sample struct {
+	User     float64 `json:"user_seconds"`
+	Sys      float64 `json:"sys_seconds"`
+	Total    float64 `json:"total_seconds"`
+	Wall     float64 `json:"wall_seconds"`      // first request to last byte
+	Upstream int64   `json:"upstream_bytes"`    // bytes the relay carried from the registry
+	Sessions int64   `json:"upstream_sessions"` // connections through the relay
+}
+
+// result is one mirror's figures over the runs.
+type result struct {
+	Mirror  string           `json:"mirror"`
+	Samples []sample         `json:"samples"`
+	User    benchrun.Summary `json:"user_seconds"`
+	Sys     benchrun.Summary `json:"sys_seconds"`
+	Total   benchrun.Summary `json:"total_seconds"`
+	Wall    benchrun.Summary `json:"wall_seconds"`
+	Conns   benchrun.Summary `json:"upstream_sessions"`
+	Error   string           `json:"error,omitempty"`
+}
+
+type starter func(context.Context) (*mirror, error)
+
+// measureAll measures each mirror cfg.Runs times, rotating which goes
+// first so that none always runs on a warmer machine.
+func (b *bench) measureAll(ctx context.Context) []result {
+	type mirrorSpec struct {
+		name  string
+		start starter
+	}
+	var mirrors []mirrorSpec
+	add := func(name string, start starter) {
+		if b.cfg.Only == "" || b.cfg.Only == name {
+			mirrors = append(mirrors, mirrorSpec{name, start})
+		}
+	}
+	add("pullproxy", b.startPullproxy(b.proxyBin))
+	add("distribution", b.startDistribution)
+	if b.cfg.Baseline != "" {
+		add("baseline", b.startPullproxy(b.cfg.Baseline))
+	}
+	results := make([]result, len(mirrors))
+	for i, m := range mirrors {
+		results[i].Mirror = m.name
+	}
+	for run := range b.cfg.Runs {
+		for k := range mirrors {
+			i := (k + run) % len(mirrors)
+			m, r := mirrors[i], &results[i]
+			if r.Error != "" {
+				continue
+			}
+			s, err := b.coldFetch(ctx, m.start)
+			if err != nil {
+				r.Error = err.Error()
+				log.Printf("%s, run %d: %v", m.name, run+1, err)
+				continue
+			}
+			log.Printf("%s, run %d: user %.2f s, sys %.2f s, total %.2f s CPU; %.2f s wall; %d upstream connections",
+				m.name, run+1, s.User, s.Sys, s.Total, s.Wall, s.Sessions)
+			r.Samples = append(r.Samples, s)
+		}
+	}
+	for i := range results {
+		r := &results[i]
+		if len(r.Samples) == 0 {
+			continue
+		}
+		r.User = summarise(r.Samples, func(s sample) float64 { return s.User })
+		r.Sys = summarise(r.Samples, func(s sample) float64 { return s.Sys })
+		r.Total = summarise(r.Samples, func(s sample) float64 { return s.Total })
+		r.Wall = summarise(r.Samples, func(s sample) float64 { return s.Wall })
+		r.Conns = summarise(r.Samples, func(s sample) float64 { return float64(s.Sessions) })
+	}
+	return results
+}
+
+// coldFetch starts a mirror with an empty data dir, fetches every blob
+// through it once, and returns the CPU time it spent doing so.
+func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
+	m, err := start(ctx)
+	if err != nil {
+		return sample{}, err
+	}
+	defer m.stop()
+	pid := m.cmd.Process.Pid
+	before, err := benchrun.ReadCPUTime(pid)
+	if err != nil {
+		return sample{}, err
+	}
+	relayBefore := b.relay.Stats()
+	began := time.Now()
+	if err := b.fetchAll(ctx, m); err != nil {
+		return sample{}, fmt.Errorf("%s: %w; its log ends with:\n%s", m.name, err, strings.Join(m.logTail(), "\n"))
+	}
+	wall := time.Since(began)
+	after, err := waitQuiet(ctx, pid)
+	if err != nil {
+		return sample{}, err
+	}
+	relayAfter := b.relay.Stats()
+	if err := m.checkStored(b.blobs); err != nil {
+		return sample{}, err
+	}
+	used := after.Sub(before)
+	s := sample{
+		User:     used.User,
+		Sys:      used.Sys,
+		Wall:     wall.Seconds(),
+		Upstream: relayAfter.BytesDown - relayBefore.BytesDown,
+		Sessions: relayAfter.Sessions - relayBefore.Sessions,
+	}
+	s.Total = s.User + s.Sys
+	return s, nil
+}
+
+// fetchAll fetches every blob once with curl, cfg.Parallel at a time, and
+// checks each response's status and size.
+func (b *bench) fetchAll(ctx context.Context, m *mirror) error {
+	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+	defer cancel()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(b.cfg.Parallel)
+	for _, d := range b.blobs {
+		g.Go(func() error { return curl(gctx, m.blobURL(d), d) })
+	}
+	return g.Wait()
+}
+
+func curl(ctx context.Context, url string, d registrytest.Descriptor) error {
+	cmd := exec.CommandContext(ctx, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
+		"--max-time", strconv.Itoa(int(fetchTimeout.Seconds())), url)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("curl %s: %w: %s", url, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	if want := fmt.Sprintf("200 %d", d.Size); string(out) != want {
+		return fmt.Errorf("curl %s: got status and size %q, want %q", url, out, want)
+	}
+	return nil
+}
+
+// waitQuiet waits until the process spends no CPU time for quietPolls polls
+// in a row (its work after the last response, such as a commit, is done),
+// and returns its CPU time then.
+func waitQuiet(ctx context.Context, pid int) (benchrun.CPUTime, error) {
+	last, err := benchrun.ReadCPUTime(pid)
+	if err != nil {
+		return benchrun.CPUTime{}, err
+	}
+	deadline := time.Now().Add(quietTimeout)
+	for still := 0; still < quietPolls && time.Now().Before(deadline); {
+		select {
+		case <-time.After(quietPoll):
+		case <-ctx.Done():
+			return benchrun.CPUTime{}, ctx.Err()
+		}
+		t, err := benchrun.ReadCPUTime(pid)
+		if err != nil {
+			return benchrun.CPUTime{}, err
+		}
+		if t == last {
+			still++
+		} else {
+			still = 0
+		}
+		last = t
+	}
+	return last, nil
+}
+
+func summarise(samples []sample, f func(sample) float64) benchrun.Summary {
+	runs := make([]float64, len(samples))
+	for i, x := range samples {
+		runs[i] = f(x)
+	}
+	return benchrun.Summarise(runs, false)
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
+)
+
+// report is what the JSON file holds.
+type report struct {
+	benchrun.Provenance
+	Blobs     int      `json:"blobs"`
+	BlobBytes int64    `json:"blob_bytes"`
+	Config    config   `json:"config"`
+	Results   []result `json:"results"`
+}
+
+// printTable prints the figures as Markdown, under what they were measured
+// on and how.
+func printTable(w io.Writer, rep report) {
+	cfg := rep.Config
+	fmt.Fprintf(w, "%s\n\n", rep.Provenance)
+	fmt.Fprintf(w, "Cold fetch of %d blobs, %.1f MiB, each once with curl, %d at a time, through the mirror; "+
+		"a clean %.0f MB/s path from the mirror to its upstream. CPU time of the mirror process (all threads, "+
+		"/proc/PID/stat) from the first request until it is quiet after the last response. "+
+		"Runs per mirror: %d; worst is the largest run, per column.\n\n",
+		rep.Blobs, float64(rep.BlobBytes)/mib, cfg.Parallel, float64(cfg.Bandwidth)/1e6, cfg.Runs)
+	fmt.Fprintln(w, "| mirror | user s, median | sys s, median | total CPU s, median | user s, worst | sys s, worst "+
+		"| total CPU s, worst | wall s, median | upstream connections, median | note |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+	for _, r := range rep.Results {
+		if len(r.Samples) == 0 {
+			fmt.Fprintf(w, "| %s | | | | | | | | | failed: %s |\n", r.Mirror, strings.ReplaceAll(r.Error, "\n", " "))
+			continue
+		}
+		note := ""
+		if r.Error != "" {
+			note = fmt.Sprintf("%d runs; then failed: %s", len(r.Samples), strings.ReplaceAll(r.Error, "\n", " "))
+		}
+		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %s |\n", r.Mirror,
+			r.User.Median, r.Sys.Median, r.Total.Median, r.User.Worst, r.Sys.Worst, r.Total.Worst,
+			r.Wall.Median, r.Conns.Median, note)
+	}
+}
