@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -22,18 +23,28 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 	ctx := r.Context()
 	d := digest.Digest(rt.ref) // validated by resolve
 	h := w.Header()
+	// One allocation for the values that differ per blob; Content-Length's
+	// is filled in once the size is known.
+	vals := make([]string, 3)
+	vals[0], vals[1] = d.String(), `"`+d.String()+`"`
 	h["Content-Type"] = octetStream
-	h["Docker-Content-Digest"] = []string{d.String()}
-	h["Etag"] = []string{`"` + d.String() + `"`}
+	h["Docker-Content-Digest"] = vals[0:1:1]
+	h["Etag"] = vals[1:2:2]
 	h["Accept-Ranges"] = acceptRanges
 	h["Cache-Control"] = immutable
 
 	// Twice at most: a download may commit between the lookup and the join.
 	for range 2 {
-		f, _, err := s.blobs.OpenBlob(ctx, d)
+		f, size, err := s.blobs.OpenBlob(ctx, d)
 		if err == nil {
 			setSource(w, "cache")
-			http.ServeContent(w, r, "", time.Time{}, f)
+			if conditional(r.Header) {
+				http.ServeContent(w, r, "", time.Time{}, f)
+			} else {
+				vals[2] = strconv.FormatInt(size, 10)
+				h["Content-Length"] = vals[2:3:3]
+				sendStored(w, r, f, size)
+			}
 			f.Close()
 			s.accesses.note(d)
 			return
@@ -60,6 +71,47 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	s.fail(w, r, rt, fmt.Errorf("blob %s: committed but not readable", d))
 }
+
+// sendStored answers a plain GET or HEAD of a stored blob of size bytes,
+// its headers, Content-Length included, already set: what
+// http.ServeContent would send, without its seeks and checks.
+func sendStored(w http.ResponseWriter, r *http.Request, f *os.File, size int64) {
+	w.WriteHeader(http.StatusOK)
+	if r.Method == http.MethodHead {
+		return
+	}
+	var raw syscall.RawConn
+	if size <= maxCorked {
+		raw = cork(r.Context())
+	}
+	// Limited to the size, sendfile stops there rather than calling again
+	// to find the end of the file. An error is the client's going away.
+	io.CopyN(w, f, size)
+	uncork(raw)
+}
+
+// maxCorked is the largest blob sent corked (see ConnContext). At 104 KiB
+// and 64 connections, corking saved about an eighth of the CPU time a
+// response takes; at 2 MiB, where the header's packet is one in thirty or
+// more, it saved nothing measurable and some runs cost a quarter more.
+const maxCorked = 256 << 10
+
+// conditional reports whether a request asks for part of a blob or depends
+// on a validator: http.ServeContent answers those. Other requests for a
+// stored blob, nearly all of them, get the whole blob without its work (two
+// seeks, header parsing and checks), with the headers it would send.
+func conditional(h http.Header) bool {
+	for _, k := range conditionalHeaders {
+		if _, ok := h[k]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// conditionalHeaders are the request headers http.ServeContent acts on, in
+// canonical form, as net/http stores them.
+var conditionalHeaders = []string{"Range", "If-Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since"}
 
 // Header values every blob response shares (net/http only reads them). A
 // blob's content never changes under its digest, so caches between

@@ -141,7 +141,10 @@ func (e *env) start(upstreamURL string, opts ...Option) {
 		e.t.Fatal(err)
 	}
 	e.store, e.srv = st, srv
-	e.proxy = httptest.NewServer(srv)
+	// As cmd/pullproxy serves it: stored blobs go out corked.
+	e.proxy = httptest.NewUnstartedServer(srv)
+	e.proxy.Config.ConnContext = srv.ConnContext
+	e.proxy.Start()
 	e.t.Cleanup(e.stop)
 }
 

@@ -3,6 +3,7 @@ package proxy
 import (
 	"io"
 	"net/http"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -11,8 +12,12 @@ type metrics struct {
 	requests    *prometheus.CounterVec
 	servedBytes *prometheus.CounterVec
 	served      map[string]prometheus.Counter // servedBytes by source, looked up once
-	staleTags   *prometheus.CounterVec
-	fetches     *prometheus.CounterVec
+	// common holds the requests counters of blob and manifest GETs and
+	// HEADs with the usual statuses, each looked up on its first use:
+	// WithLabelValues hashes its labels on every call.
+	common    [2][2][len(commonStatuses)]atomic.Pointer[prometheus.Counter]
+	staleTags *prometheus.CounterVec
+	fetches   *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -44,6 +49,41 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// commonStatuses are the statuses whose counters metrics.common keeps.
+var commonStatuses = [...]int{http.StatusOK, http.StatusPartialContent, http.StatusNotModified, http.StatusNotFound}
+
+// request returns the requests counter for a request's labels.
+func (m *metrics) request(kind, method string, status int) prometheus.Counter {
+	k, mt, st := -1, -1, -1
+	switch kind {
+	case kindBlob:
+		k = 0
+	case kindManifest:
+		k = 1
+	}
+	switch method {
+	case http.MethodGet:
+		mt = 0
+	case http.MethodHead:
+		mt = 1
+	}
+	for i, c := range commonStatuses {
+		if c == status {
+			st = i
+		}
+	}
+	if k < 0 || mt < 0 || st < 0 {
+		return m.requests.WithLabelValues(kind, methodLabel(method), statusLabel(status))
+	}
+	p := &m.common[k][mt][st]
+	if c := p.Load(); c != nil {
+		return *c
+	}
+	c := m.requests.WithLabelValues(kind, method, statusLabel(status))
+	p.Store(&c)
+	return c
 }
 
 // responseRecorder notes the status and body size of a response. It passes

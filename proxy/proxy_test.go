@@ -48,8 +48,19 @@ func TestRegistryAPI(t *testing.T) {
 			headers: map[string]string{"Content-Range": fmt.Sprintf("bytes 10-19/%d", size), "Content-Length": "10"}},
 		{name: "blob", method: "GET", path: "/v2/test/app/blobs/" + layer.String() + ns, status: 200, body: layerBytes,
 			headers: map[string]string{"Content-Length": strconv.Itoa(size), "Docker-Content-Digest": layer.String()}},
+		{name: "stored blob", method: "GET", path: "/v2/test/app/blobs/" + layer.String() + ns, status: 200, body: layerBytes,
+			headers: map[string]string{"Content-Length": strconv.Itoa(size), "Docker-Content-Digest": layer.String(),
+				"Etag": `"` + layer.String() + `"`, "Content-Type": "application/octet-stream", "Accept-Ranges": "bytes",
+				"Cache-Control": "max-age=31536000", "Docker-Distribution-API-Version": "registry/2.0"}},
 		{name: "head blob", method: "HEAD", path: "/v2/test/app/blobs/" + layer.String() + ns, status: 200,
-			headers: map[string]string{"Content-Length": strconv.Itoa(size)}},
+			headers: map[string]string{"Content-Length": strconv.Itoa(size), "Etag": `"` + layer.String() + `"`}},
+		{name: "stored blob if-none-match", method: "GET", path: "/v2/test/app/blobs/" + layer.String() + ns,
+			header: http.Header{"If-None-Match": {`"` + layer.String() + `"`}}, status: 304, body: []byte{}},
+		{name: "stored blob if-none-match other", method: "GET", path: "/v2/test/app/blobs/" + layer.String() + ns,
+			header: http.Header{"If-None-Match": {`"sha256:` + strings.Repeat("0", 64) + `"`}}, status: 200, body: layerBytes},
+		{name: "stored blob range", method: "GET", path: "/v2/test/app/blobs/" + layer.String() + ns,
+			header: http.Header{"Range": {"bytes=10-19"}}, status: 206, body: layerBytes[10:20],
+			headers: map[string]string{"Content-Range": fmt.Sprintf("bytes 10-19/%d", size), "Content-Length": "10"}},
 		{name: "blob open range", method: "GET", path: "/v2/test/app/blobs/" + layer.String() + ns,
 			header: http.Header{"Range": {"bytes=1000-"}}, status: 206, body: layerBytes[1000:],
 			headers: map[string]string{"Content-Range": fmt.Sprintf("bytes 1000-%d/%d", size-1, size)}},
@@ -74,7 +85,7 @@ func TestRegistryAPI(t *testing.T) {
 			t.Errorf("%s: status %d, want %d (body %s)", tc.name, resp.StatusCode, tc.status, body)
 			continue
 		}
-		if resp.Header.Get("Content-Length") == "" && tc.method != "HEAD" {
+		if resp.Header.Get("Content-Length") == "" && tc.method != "HEAD" && tc.status != http.StatusNotModified {
 			t.Errorf("%s: no Content-Length", tc.name)
 		}
 		if tc.body != nil && !bytes.Equal(body, tc.body) {

@@ -80,9 +80,11 @@ func (s *Server) resolve(r *http.Request, ns string) (route, error) {
 			message: fmt.Sprintf("%s names no configured upstream and no default upstream is set", name)}
 	}
 	name = upstream.NormalizeRepository(up.Name(), name)
-	if _, err := reference.WithName(name); err != nil {
-		return route{}, &ociError{status: http.StatusBadRequest, code: "NAME_INVALID",
-			message: fmt.Sprintf("invalid repository name %q: %v", name, err)}
+	if !plainName(name) {
+		if _, err := reference.WithName(name); err != nil {
+			return route{}, &ociError{status: http.StatusBadRequest, code: "NAME_INVALID",
+				message: fmt.Sprintf("invalid repository name %q: %v", name, err)}
+		}
 	}
 	switch {
 	case kind == kindBlob || strings.Contains(ref, ":"):
@@ -114,3 +116,52 @@ func isSHA256(ref string) bool {
 	}
 	return true
 }
+
+// plainName reports whether name is a repository name that
+// reference.WithName accepts because it is made of path components alone
+// (lowercase alphanumerics joined by ".", "_", "__" or dashes, no domain or
+// port), checked without its regular expressions, as on every request. Any
+// other name is left to reference.WithName.
+func plainName(name string) bool {
+	if name == "" || len(name) > reference.RepositoryNameTotalLengthMax {
+		return false
+	}
+	for comp := range strings.SplitSeq(name, "/") {
+		if !pathComponent(comp) {
+			return false
+		}
+	}
+	return true
+}
+
+// pathComponent reports whether c matches the distribution grammar's
+// path-component: alphanumeric (separator alphanumeric)*.
+func pathComponent(c string) bool {
+	for i := 0; i < len(c); {
+		if isAlnum(c[i]) {
+			i++
+			continue
+		}
+		j := i
+		for j < len(c) && !isAlnum(c[j]) {
+			j++
+		}
+		if i == 0 || j == len(c) || !separator(c[i:j]) {
+			return false
+		}
+		i = j
+	}
+	return c != ""
+}
+
+// separator reports whether s, a run between alphanumerics, is one of the
+// grammar's separators: ".", "_", "__" or one or more "-".
+func separator(s string) bool {
+	switch s {
+	case ".", "_", "__":
+		return true
+	}
+	return strings.Trim(s, "-") == ""
+}
+
+func isAlnum(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }

@@ -285,13 +285,7 @@ func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 	w.Header()["Docker-Distribution-API-Version"] = apiVersion
 	kind := "other"
 	ns := queryValue(r.URL, "ns")
-	defer func() {
-		s.metrics.requests.WithLabelValues(kind, methodLabel(r.Method), statusLabel(rw.status)).Inc()
-		if c := s.metrics.served[rw.source]; c != nil {
-			c.Add(float64(rw.written))
-		}
-		s.logRequest(r, ns, rw, start)
-	}()
+	defer s.finish(r, ns, rw, start, &kind)
 
 	if r.URL.Path == "/v2/" || r.URL.Path == "/v2" {
 		kind = "ping"
@@ -325,6 +319,16 @@ func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 	case kindBlob:
 		s.serveBlob(w, r, rt)
 	}
+}
+
+// finish counts a request served and logs it. *kind is the kind of request,
+// known once it is resolved.
+func (s *Server) finish(r *http.Request, ns string, rw *responseRecorder, start time.Time, kind *string) {
+	s.metrics.request(*kind, r.Method, rw.status).Inc()
+	if c := s.metrics.served[rw.source]; c != nil {
+		c.Add(float64(rw.written))
+	}
+	s.logRequest(r, ns, rw, start)
 }
 
 // apiVersion is the value of Docker-Distribution-API-Version, shared by

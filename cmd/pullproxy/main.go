@@ -205,6 +205,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	httpSrv := &http.Server{
 		Handler:           srv,
+		ConnContext:       srv.ConnContext, // lets a small blob go out corked (see proxy.Server.ConnContext)
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
