@@ -795,20 +795,33 @@ func TestBudget(t *testing.T) {
 		}
 		checkNext(t, b, t0, mib, false) // cleanProbes at a time on a clean path
 		check(t, "a chunk that is no probe", b.completed(mib, false, t0), 0)
-		check(t, "a probe completes", b.completed(2*mib, true, t0), 0)
-		check(t, "the cleanGrowAfter-th", b.completed(2*mib, true, t0), 2*mib)
-		check(t, "gauge", int64(testutil.ToFloat64(g)), 2*mib)
-		for range cleanProbes - cleanGrowAfter {
-			check(t, "a probe of the size adopted", b.completed(2*mib, true, t0), 0)
+		for range cleanProbes {
+			check(t, "a probe completes", b.completed(2*mib, true, t0), 0)
 		}
-		check(t, "cleanGrowAfter more", probes(t, b, cleanGrowAfter, t0), 4*mib)
+		check(t, "probes short of growAfter", probes(t, b, growAfter-cleanProbes-1, t0), 0)
+		check(t, "budget", b.get(), mib)
+		check(t, "the growAfter-th probe", probes(t, b, 1, t0), 2*mib)
+		check(t, "gauge", int64(testutil.ToFloat64(g)), 2*mib)
+		check(t, "growAfter more", probes(t, b, growAfter, t0), 4*mib)
 		checkNext(t, b, t0, 4*mib, false) // at MaxBudget
 		check(t, "budget", b.get(), 4*mib)
+	})
+	t.Run("adopted once the probes in flight settle", func(t *testing.T) {
+		t.Parallel()
+		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
+		probes(t, b, growAfter-2, t0)
+		checkNext(t, b, t0, 2*mib, true)
+		checkNext(t, b, t0, 2*mib, true)
+		checkNext(t, b, t0, 2*mib, true)
+		check(t, "the growAfter-1-th", b.completed(2*mib, true, t0), 0)
+		check(t, "the growAfter-th, with one in flight", b.completed(2*mib, true, t0), 0)
+		checkNext(t, b, t0, mib, false) // enough won: no more probes while the last settles
+		check(t, "the last in flight settles: adopted", b.completed(2*mib, true, t0), 2*mib)
 	})
 	t.Run("a cut restarts the count of probes", func(t *testing.T) {
 		t.Parallel()
 		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 64 * mib})
-		probes(t, b, cleanGrowAfter-1, t0)
+		probes(t, b, growAfter-1, t0)
 		check(t, "a cut above the budget", b.cut(3*mib, false, "reset", t0), 0)
 		// With a recent cut, growAfter probes in a row, one at a time.
 		check(t, "growAfter-1 probes", probes(t, b, growAfter-1, t0), 0)
@@ -823,6 +836,18 @@ func TestBudget(t *testing.T) {
 		checkNext(t, b, t0, 2*mib, true)
 		checkNext(t, b, t0, mib, false)
 		checkNext(t, b, t0.Add(cutMemory), 2*mib, true) // the cut is forgotten
+	})
+	t.Run("a stalled probe holds the others' wins until it fails", func(t *testing.T) {
+		t.Parallel()
+		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
+		for range 3 {
+			checkNext(t, b, t0, 2*mib, true)
+		}
+		check(t, "a probe completes", b.completed(2*mib, true, t0), 0)
+		check(t, "another", b.completed(2*mib, true, t0), 0)
+		check(t, "the third stalls after 1.5 MB", b.cut(1_500_000, true, "stall", t0), 0)
+		check(t, "budget", b.get(), mib)
+		checkNext(t, b, t0, 1_500_000*3/4, true) // probes now stop at 3/4 of the stall
 	})
 	t.Run("a failed probe frees the next", func(t *testing.T) {
 		t.Parallel()

@@ -54,10 +54,15 @@ func (ep *endpoint) name() string {
 // adopted. Once a session was cut recently, one probe at a time is in
 // flight: that bounds what finding the edge costs (on a path that stalls
 // sessions, one stalled chunk rather than a wave). On a path with no recent
-// cut, cleanProbes probe at once and cleanGrowAfter in a row suffice, so
-// that the budget grows in a few chunk lifetimes: a large chunk spends fewer
-// round trips in set-up and slow start, and each connection costs about a
-// millisecond of CPU (a TLS handshake more).
+// cut, cleanProbes probe at once, so that the budget grows in fewer chunk
+// lifetimes. A size is adopted only once every probe in flight has settled:
+// a probe that stalls is a failure known late, and holds the others' wins
+// until it is.
+//
+// Growth is deliberately slow: a chunk is also the unit in which a blob
+// arrives, and chunks much larger than a client's reading pace arrive out of
+// order, so that the client, and the hashing before commit, wait for the
+// last of them at the end instead of working while the blob streams in.
 //
 // Sessions that die part-way are cut points, and the carrier's cut-off is
 // estimated from the recent ones as the (cutOutliers+1)-th smallest, so that
@@ -78,8 +83,9 @@ type budget struct {
 	current   int64
 	points    [cutSamples]cutPoint // ring of recent cut points
 	nextPoint int
-	probing   int // probe chunks in flight
-	probeWins int // probes completed in a row at the next size
+	probing   int   // probe chunks in flight
+	probeSize int64 // the size they probe
+	probeWins int   // probes of probeSize completed in a row
 }
 
 type cutPoint struct {
@@ -91,9 +97,9 @@ type cutPoint struct {
 const (
 	// growAfter probes completed in a row at twice the budget adopt it.
 	growAfter = 8
-	// cleanProbes is how many probes may be in flight, and cleanGrowAfter
-	// how many must complete in a row, on a path with no recent cut.
-	cleanProbes, cleanGrowAfter = 4, 2
+	// cleanProbes is how many probes may be in flight on a path with no
+	// recent cut.
+	cleanProbes = 4
 	// cutMemory is how long a cut point counts.
 	cutMemory = 10 * time.Minute
 	// cutSamples is how many recent cut points are kept.
@@ -123,18 +129,26 @@ func (b *budget) get() int64 {
 func (b *budget) next(now time.Time) (size int64, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	clean := b.cleanLocked(now)
 	most := 1
-	if edge, _ := b.edgeLocked(now, false); edge == 0 {
+	if clean {
 		most = cleanProbes
 	}
-	if b.probing >= most {
-		return b.current, false
+	if b.probing >= most || b.probeWins >= growAfter {
+		return b.current, false // enough in flight, or enough won: waiting for the rest to settle
 	}
 	if g := b.growthLocked(now); g > b.current {
 		b.probing++
+		b.probeSize = g
 		return g, true
 	}
 	return b.current, false
+}
+
+// cleanLocked reports whether no cut is recent.
+func (b *budget) cleanLocked(now time.Time) bool {
+	edge, _ := b.edgeLocked(now, false)
+	return edge == 0
 }
 
 // growthLocked is the size a probe would try, or the current budget when
@@ -184,29 +198,35 @@ func (b *budget) completed(size int64, probe bool, now time.Time) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.probing--
-	if size <= b.current {
-		return 0 // a probe of a size adopted meanwhile: no evidence for the next
+	if size == b.probeSize && size > b.current {
+		b.probeWins++
 	}
-	wins := growAfter
-	if edge, _ := b.edgeLocked(now, false); edge == 0 {
-		wins = cleanGrowAfter
-	}
-	if b.probeWins++; b.probeWins < wins {
+	return b.adoptLocked(now)
+}
+
+// adoptLocked adopts the probed size once enough probes of it completed in
+// a row and none is still in flight: a probe that stalls holds the others'
+// wins until it is known to have failed. It returns the new budget, or 0.
+func (b *budget) adoptLocked(now time.Time) int64 {
+	if b.probing > 0 || b.probeWins < growAfter || b.probeSize <= b.current {
 		return 0
 	}
 	b.probeWins = 0
-	b.current = size
-	b.gauge.Set(float64(size))
-	return size
+	b.current = b.probeSize
+	b.gauge.Set(float64(b.current))
+	return b.current
 }
 
-// failed records a chunk that failed before carrying a byte.
+// failed records a chunk that failed before carrying a byte: no evidence
+// either way.
 func (b *budget) failed(probe bool) {
-	if probe {
-		b.mu.Lock()
-		b.probing--
-		b.mu.Unlock()
+	if !probe {
+		return
 	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.probing--
+	b.adoptLocked(time.Now())
 }
 
 // cut records a session that died after carrying n bytes. It returns the new
