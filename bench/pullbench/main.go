@@ -47,9 +47,10 @@ type config struct {
 	DirectAttempts int     `json:"direct_max_attempts"`
 	Clients        int     `json:"clients"`
 	LayerSizes     []int64 `json:"layer_sizes"`
-	RTTs           []int64 `json:"rtts_ms"`    // the path's round-trip times measured at
-	SetupRTTs      int     `json:"setup_rtts"` // round trips of set-up per session besides TLS's own
-	Extras         bool    `json:"extras"`     // the rows measured at the first RTT only were measured
+	RTTs           []int64 `json:"rtts_ms"`               // the path's round-trip times measured at
+	SetupRTTs      int     `json:"setup_rtts"`            // round trips of set-up per session besides TLS's own
+	Extras         bool    `json:"extras"`                // the rows measured at the first RTT only were measured
+	ProxyFetch     string  `json:"proxy_fetch,omitempty"` // pullproxy's fetch settings, when not the defaults
 }
 
 type bench struct {
@@ -82,6 +83,7 @@ func parseFlags() (cfg config, jsonOut, proxyLogs string) {
 	rtts := flag.String("rtts", "0,40,100", "round-trip times of the path to measure at, in ms")
 	flag.BoolVar(&cfg.Extras, "extras", true, "measure the direct pull across the carrier, stalls, the warm pull, coalescing, "+
 		"a kill and memory, at the first RTT")
+	flag.StringVar(&cfg.ProxyFetch, "proxy-fetch", "", `pullproxy's fetch settings, as YAML flow mapping entries, e.g. "max_connection_budget: 1MiB"`)
 	flag.IntVar(&cfg.SetupRTTs, "setup-rtts", 1, "round trips of set-up per session before TLS's own (TCP's handshake)")
 	flag.Parse()
 	for _, f := range strings.Split(*rtts, ",") {

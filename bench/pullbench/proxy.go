@@ -40,6 +40,9 @@ func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*
 	config := dataDir + ".yaml"
 	yaml := fmt.Sprintf("upstreams:\n  - name: %s\n    endpoints: [{url: %q}]\n    ca_file: %q\n",
 		registryHost, upstreamURL, b.reg.CAFile())
+	if b.cfg.ProxyFetch != "" {
+		yaml += "fetch: {" + b.cfg.ProxyFetch + "}\n"
+	}
 	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
 		return nil, fmt.Errorf("writing pullproxy's config: %w", err)
 	}
