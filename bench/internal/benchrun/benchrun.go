@@ -25,9 +25,10 @@ import (
 
 // Provenance says what the figures were measured on.
 type Provenance struct {
-	Commit    string            `json:"commit"`     // git rev-parse HEAD when the run started
-	Dirty     bool              `json:"dirty"`      // the work tree had changes (git status --porcelain)
-	GoVersion string            `json:"go_version"` // the go that built pullproxy
+	Commit    string            `json:"commit"`            // git rev-parse HEAD when the run started
+	Dirty     bool              `json:"dirty"`             // the work tree had changes (git status --porcelain)
+	Changes   []string          `json:"changes,omitempty"` // which: git status --porcelain's lines
+	GoVersion string            `json:"go_version"`        // the go that built pullproxy
 	Tools     map[string]string `json:"tools,omitempty"`
 	Date      string            `json:"date"` // when the run started, UTC
 	CPUs      int               `json:"cpus"`
@@ -48,6 +49,9 @@ func ReadProvenance(ctx context.Context, tools ...[]string) (Provenance, error) 
 		return p, err
 	}
 	p.Dirty = status != ""
+	if p.Dirty {
+		p.Changes = strings.Split(status, "\n")
+	}
 	if p.GoVersion, err = Output(ctx, "go", "env", "GOVERSION"); err != nil {
 		return p, err
 	}
@@ -66,7 +70,7 @@ func ReadProvenance(ctx context.Context, tools ...[]string) (Provenance, error) 
 func (p Provenance) String() string {
 	tree := ""
 	if p.Dirty {
-		tree = " with uncommitted changes"
+		tree = " with uncommitted changes (" + strings.Join(p.Changes, "; ") + ")"
 	}
 	tools := []string{p.GoVersion}
 	for _, name := range slices.Sorted(maps.Keys(p.Tools)) {
