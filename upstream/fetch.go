@@ -413,7 +413,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", f.digest)
 	}
 
-	n, err := f.copyBody(resp.Body, start, end, f.warmupFor(ctx, resp.Request))
+	n, err := f.copyBody(ctx, resp.Body, start, end, f.warmupFor(resp.Request))
 	// A stream restarted from byte 0 re-sends bytes already held: only those
 	// past the chunk's start are progress.
 	fresh := max(0, start+n-c.start)
@@ -537,7 +537,6 @@ func (f *blobFetch) getLocation(ctx context.Context, loc *url.URL, rng string) (
 // arrive: once what is left would take about as long as opening a
 // connection to the same address lately took.
 type warmup struct {
-	ctx    context.Context
 	f      *blobFetch
 	secure bool
 	addr   string
@@ -548,7 +547,7 @@ type warmup struct {
 // warmupFor returns the warm-up for a chunk requested with req, or nil when
 // there is nothing to warm: a caller's own transport, a proxied request, or
 // no connection measured yet.
-func (f *blobFetch) warmupFor(ctx context.Context, req *http.Request) *warmup {
+func (f *blobFetch) warmupFor(req *http.Request) *warmup {
 	d := f.r.dialer
 	if d == nil || req == nil || d.proxied(req) {
 		return nil
@@ -559,12 +558,12 @@ func (f *blobFetch) warmupFor(ctx context.Context, req *http.Request) *warmup {
 	if setup <= 0 {
 		return nil
 	}
-	return &warmup{ctx: ctx, f: f, secure: secure, addr: addr, lead: setup*3/2 + 10*time.Millisecond}
+	return &warmup{f: f, secure: secure, addr: addr, lead: setup*3/2 + 10*time.Millisecond}
 }
 
-// check starts the warm-up when the chunk's rest, at its pace so far
-// (received bytes in elapsed), would arrive within the lead.
-func (w *warmup) check(received, rest int64, elapsed time.Duration) {
+// check starts the warm-up, within ctx, when the chunk's rest, at its pace
+// so far (received bytes in elapsed), would arrive within the lead.
+func (w *warmup) check(ctx context.Context, received, rest int64, elapsed time.Duration) {
 	if w == nil || w.done || received <= 0 {
 		return
 	}
@@ -573,7 +572,7 @@ func (w *warmup) check(received, rest int64, elapsed time.Duration) {
 	}
 	w.done = true
 	if w.f.unclaimed() {
-		w.f.r.dialer.prewarm(w.ctx, w.secure, w.addr, w.f.r.fetch.FirstByteTimeout)
+		w.f.r.dialer.prewarm(ctx, w.secure, w.addr, w.f.r.fetch.FirstByteTimeout)
 	}
 }
 
@@ -595,7 +594,7 @@ var errStore = errors.New("store")
 // written. It gathers at least minWrite bytes per write where the body has
 // them: a TLS body arrives 16 KiB at a time, and each write wakes readers.
 // Near the end it starts ahead's warm-up.
-func (f *blobFetch) copyBody(body io.Reader, start, end int64, ahead *warmup) (int64, error) {
+func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int64, ahead *warmup) (int64, error) {
 	bufp := f.r.buffers.Get().(*[]byte)
 	defer f.r.buffers.Put(bufp)
 	buf := *bufp
@@ -613,7 +612,7 @@ func (f *blobFetch) copyBody(body io.Reader, start, end int64, ahead *warmup) (i
 			received.Add(float64(n))
 			pipe.add(n)
 			if ahead != nil {
-				ahead.check(off-start, end-off, time.Since(began))
+				ahead.check(ctx, off-start, end-off, time.Since(began))
 			}
 		}
 		switch {
