@@ -780,7 +780,7 @@ func TestBudget(t *testing.T) {
 			if !probe {
 				t.Fatalf("next: got no probe, want one")
 			}
-			last = b.completed(size, true, now)
+			last = b.completed(size, true)
 		}
 		return last
 	}
@@ -794,9 +794,9 @@ func TestBudget(t *testing.T) {
 			checkNext(t, b, t0, 2*mib, true)
 		}
 		checkNext(t, b, t0, mib, false) // cleanProbes at a time on a clean path
-		check(t, "a chunk that is no probe", b.completed(mib, false, t0), 0)
+		check(t, "a chunk that is no probe", b.completed(mib, false), 0)
 		for range cleanProbes {
-			check(t, "a probe completes", b.completed(2*mib, true, t0), 0)
+			check(t, "a probe completes", b.completed(2*mib, true), 0)
 		}
 		check(t, "probes short of growAfter", probes(t, b, growAfter-cleanProbes-1, t0), 0)
 		check(t, "budget", b.get(), mib)
@@ -813,10 +813,10 @@ func TestBudget(t *testing.T) {
 		checkNext(t, b, t0, 2*mib, true)
 		checkNext(t, b, t0, 2*mib, true)
 		checkNext(t, b, t0, 2*mib, true)
-		check(t, "the growAfter-1-th", b.completed(2*mib, true, t0), 0)
-		check(t, "the growAfter-th, with one in flight", b.completed(2*mib, true, t0), 0)
+		check(t, "the growAfter-1-th", b.completed(2*mib, true), 0)
+		check(t, "the growAfter-th, with one in flight", b.completed(2*mib, true), 0)
 		checkNext(t, b, t0, mib, false) // enough won: no more probes while the last settles
-		check(t, "the last in flight settles: adopted", b.completed(2*mib, true, t0), 2*mib)
+		check(t, "the last in flight settles: adopted", b.completed(2*mib, true), 2*mib)
 	})
 	t.Run("a cut restarts the count of probes", func(t *testing.T) {
 		t.Parallel()
@@ -843,8 +843,8 @@ func TestBudget(t *testing.T) {
 		for range 3 {
 			checkNext(t, b, t0, 2*mib, true)
 		}
-		check(t, "a probe completes", b.completed(2*mib, true, t0), 0)
-		check(t, "another", b.completed(2*mib, true, t0), 0)
+		check(t, "a probe completes", b.completed(2*mib, true), 0)
+		check(t, "another", b.completed(2*mib, true), 0)
 		check(t, "the third stalls after 1.5 MB", b.cut(1_500_000, true, "stall", t0), 0)
 		check(t, "budget", b.get(), mib)
 		checkNext(t, b, t0, 1_500_000*3/4, true) // probes now stop at 3/4 of the stall
@@ -907,7 +907,7 @@ func TestBudget(t *testing.T) {
 		t.Parallel()
 		b, g, cuts := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: mib})
 		checkNext(t, b, t0, mib, false)
-		check(t, "a chunk completes", b.completed(mib, false, t0), 0)
+		check(t, "a chunk completes", b.completed(mib, false), 0)
 		check(t, "a cut", b.cut(500_000, false, "reset", t0), 0)
 		check(t, "budget", b.get(), mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), mib)

@@ -112,7 +112,7 @@ func newChunkClient(base *http.Transport, firstByte, stall time.Duration) (*http
 		dial = (&net.Dialer{Timeout: 10 * time.Second}).DialContext
 	}
 	d := &chunkDialer{proxy: t.Proxy, dial: dial, tls: cfg, first: firstByte, idle: stall,
-		warm: map[string][]warmConn{}, setup: map[string]time.Duration{}}
+		warm: map[dialKey][]warmConn{}, setup: map[dialKey]time.Duration{}}
 	t.DialContext = d.dialTCP
 	t.DialTLSContext = d.dialTLS
 	t.ResponseHeaderTimeout = max(firstByte, t.ResponseHeaderTimeout)

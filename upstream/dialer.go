@@ -33,8 +33,14 @@ type chunkDialer struct {
 	warmTaken atomic.Int64 // chunks sent on a warm connection, for tests
 
 	mu    sync.Mutex
-	warm  map[string][]warmConn // by key (see dialKey), oldest first
-	setup map[string]time.Duration
+	warm  map[dialKey][]warmConn // oldest first
+	setup map[dialKey]time.Duration
+}
+
+// dialKey is where a connection goes, and whether it speaks TLS.
+type dialKey struct {
+	secure bool
+	addr   string // host:port
 }
 
 type warmConn struct {
@@ -48,45 +54,49 @@ const (
 	maxWarm = 64
 )
 
-func dialKey(secure bool, addr string) string {
-	if secure {
-		return "tls|" + addr
-	}
-	return "tcp|" + addr
-}
-
 // dialTCP is the transport's DialContext: plain http, and the connection to
 // an HTTP proxy.
 func (d *chunkDialer) dialTCP(ctx context.Context, network, addr string) (net.Conn, error) {
-	if c := d.take(dialKey(false, addr)); c != nil {
-		return c, nil
-	}
-	return d.open(ctx, network, addr, false)
+	return d.get(ctx, network, dialKey{false, addr})
 }
 
 // dialTLS is the transport's DialTLSContext: https without a proxy.
 func (d *chunkDialer) dialTLS(ctx context.Context, network, addr string) (net.Conn, error) {
-	if c := d.take(dialKey(true, addr)); c != nil {
-		return c, nil
-	}
-	return d.open(ctx, network, addr, true)
+	return d.get(ctx, network, dialKey{true, addr})
 }
 
-// open dials addr, with a TLS handshake when secure, and records how long
-// set-up took.
-func (d *chunkDialer) open(ctx context.Context, network, addr string, secure bool) (net.Conn, error) {
+// get returns a warm connection for key, or opens one.
+func (d *chunkDialer) get(ctx context.Context, network string, key dialKey) (net.Conn, error) {
+	d.prune(key)
+	d.mu.Lock()
+	var c net.Conn
+	if conns := d.warm[key]; len(conns) > 0 {
+		c = conns[len(conns)-1].conn // the newest: least likely to be dropped
+		d.warm[key] = conns[:len(conns)-1]
+	}
+	d.mu.Unlock()
+	if c != nil {
+		d.warmTaken.Add(1)
+		return c, nil
+	}
+	return d.open(ctx, network, key)
+}
+
+// open dials key's address, with a TLS handshake when secure, and records
+// how long set-up took.
+func (d *chunkDialer) open(ctx context.Context, network string, key dialKey) (net.Conn, error) {
 	start := time.Now()
-	raw, err := d.dial(ctx, network, addr)
+	raw, err := d.dial(ctx, network, key.addr)
 	if err != nil {
 		return nil, err
 	}
 	var c net.Conn = &idleTimeoutConn{Conn: raw, first: d.first, idle: d.idle}
-	if secure {
+	if key.secure {
 		cfg := d.tls.Clone()
 		if cfg.ServerName == "" {
-			host, _, err := net.SplitHostPort(addr)
+			host, _, err := net.SplitHostPort(key.addr)
 			if err != nil {
-				host = addr
+				host = key.addr
 			}
 			cfg.ServerName = host
 		}
@@ -98,7 +108,6 @@ func (d *chunkDialer) open(ctx context.Context, network, addr string, secure boo
 		c = tc
 	}
 	took := time.Since(start)
-	key := dialKey(secure, addr)
 	d.mu.Lock()
 	if prev, ok := d.setup[key]; ok {
 		took = (3*prev + took) / 4
@@ -108,86 +117,57 @@ func (d *chunkDialer) open(ctx context.Context, network, addr string, secure boo
 	return c, nil
 }
 
-// take returns a warm connection for key, or nil.
-func (d *chunkDialer) take(key string) net.Conn {
-	now := time.Now()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	conns := d.warm[key]
-	for len(conns) > 0 {
-		w := conns[len(conns)-1] // the newest: least likely to be dropped
-		conns = conns[:len(conns)-1]
-		if now.Sub(w.at) < warmMaxAge {
-			d.warm[key] = conns
-			d.warmTaken.Add(1)
-			return w.conn
-		}
-		w.conn.Close()
-	}
-	delete(d.warm, key)
-	return nil
-}
-
 // setupTime returns how long opening a connection to key took lately, or 0
 // when none was opened yet.
-func (d *chunkDialer) setupTime(key string) time.Duration {
+func (d *chunkDialer) setupTime(key dialKey) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.setup[key]
 }
 
-// prewarm opens a connection to addr in the background, within ctx and at
+// prewarm opens a connection for key in the background, within ctx and at
 // most timeout, and keeps it warm for the next chunk. Failures are not
 // reported: the chunk that would have used it dials as usual.
-func (d *chunkDialer) prewarm(ctx context.Context, secure bool, addr string, timeout time.Duration) {
-	key := dialKey(secure, addr)
+func (d *chunkDialer) prewarm(ctx context.Context, key dialKey, timeout time.Duration) {
 	go func() {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		c, err := d.open(ctx, "tcp", addr, secure)
+		c, err := d.open(ctx, "tcp", key)
 		if err != nil {
 			return
 		}
-		d.prune(key)
-		now := time.Now()
 		d.mu.Lock()
-		defer d.mu.Unlock()
-		conns := d.warm[key]
-		if len(conns) >= maxWarm {
+		kept := len(d.warm[key]) < maxWarm
+		if kept {
+			d.warm[key] = append(d.warm[key], warmConn{conn: c, at: time.Now()})
+		}
+		d.mu.Unlock()
+		if !kept {
 			c.Close()
 			return
 		}
-		d.warm[key] = append(conns, warmConn{conn: c, at: now})
 		time.AfterFunc(warmMaxAge, func() { d.prune(key) })
 	}()
 }
 
-// prune closes key's warm connections that have expired.
-func (d *chunkDialer) prune(key string) {
+// prune closes key's warm connections that have expired, outside the lock.
+func (d *chunkDialer) prune(key dialKey) {
 	now := time.Now()
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	conns := d.warm[key]
-	for len(conns) > 0 && now.Sub(conns[0].at) >= warmMaxAge {
-		conns[0].conn.Close()
-		conns = conns[1:]
+	n := 0
+	for n < len(conns) && now.Sub(conns[n].at) >= warmMaxAge {
+		n++
 	}
-	if len(conns) == 0 {
+	expired := conns[:n:n]
+	if n == len(conns) {
 		delete(d.warm, key)
-		return
+	} else if n > 0 {
+		d.warm[key] = conns[n:]
 	}
-	d.warm[key] = conns
-}
-
-// close closes the warm connections.
-func (d *chunkDialer) close() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for key, conns := range d.warm {
-		for _, w := range conns {
-			w.conn.Close()
-		}
-		delete(d.warm, key)
+	d.mu.Unlock()
+	for _, w := range expired {
+		w.conn.Close()
 	}
 }
 

@@ -129,15 +129,15 @@ func (b *budget) get() int64 {
 func (b *budget) next(now time.Time) (size int64, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	clean := b.cleanLocked(now)
+	edge, _ := b.edgeLocked(now, false)
 	most := 1
-	if clean {
+	if edge == 0 { // no recent cut
 		most = cleanProbes
 	}
 	if b.probing >= most || b.probeWins >= growAfter {
 		return b.current, false // enough in flight, or enough won: waiting for the rest to settle
 	}
-	if g := b.growthLocked(now); g > b.current {
+	if g := b.growthLocked(edge); g > b.current {
 		b.probing++
 		b.probeSize = g
 		return g, true
@@ -145,20 +145,14 @@ func (b *budget) next(now time.Time) (size int64, probe bool) {
 	return b.current, false
 }
 
-// cleanLocked reports whether no cut is recent.
-func (b *budget) cleanLocked(now time.Time) bool {
-	edge, _ := b.edgeLocked(now, false)
-	return edge == 0
-}
-
-// growthLocked is the size a probe would try, or the current budget when
-// the budget may not grow.
-func (b *budget) growthLocked(now time.Time) int64 {
+// growthLocked is the size a probe would try, given the estimated cut-off
+// (0: none), or the current budget when the budget may not grow.
+func (b *budget) growthLocked(edge int64) int64 {
 	if b.cfg.MaxConnectionBudget <= b.cfg.ConnectionBudget {
 		return b.current // fixed
 	}
 	limit := b.cfg.MaxConnectionBudget
-	if edge, _ := b.edgeLocked(now, false); edge > 0 {
+	if edge > 0 {
 		limit = min(limit, edge*cutMarginNum/cutMarginDen)
 	}
 	return min(b.current*2, limit)
@@ -191,7 +185,7 @@ func (b *budget) edgeLocked(now time.Time, regular bool) (edge int64, below int)
 
 // completed records a chunk that finished on its connection. It returns the
 // new budget when it grew, else 0.
-func (b *budget) completed(size int64, probe bool, now time.Time) int64 {
+func (b *budget) completed(size int64, probe bool) int64 {
 	if !probe {
 		return 0
 	}
@@ -201,13 +195,13 @@ func (b *budget) completed(size int64, probe bool, now time.Time) int64 {
 	if size == b.probeSize && size > b.current {
 		b.probeWins++
 	}
-	return b.adoptLocked(now)
+	return b.adoptLocked()
 }
 
 // adoptLocked adopts the probed size once enough probes of it completed in
 // a row and none is still in flight: a probe that stalls holds the others'
 // wins until it is known to have failed. It returns the new budget, or 0.
-func (b *budget) adoptLocked(now time.Time) int64 {
+func (b *budget) adoptLocked() int64 {
 	if b.probing > 0 || b.probeWins < growAfter || b.probeSize <= b.current {
 		return 0
 	}
@@ -226,7 +220,7 @@ func (b *budget) failed(probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.probing--
-	b.adoptLocked(time.Now())
+	b.adoptLocked()
 }
 
 // cut records a session that died after carrying n bytes. It returns the new

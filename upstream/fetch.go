@@ -448,7 +448,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		return fresh, nil // not the chunk that was asked for: no evidence about the budget
 	}
 	probeSettled = true
-	if next := f.ep.budget.completed(n, c.probe, time.Now()); next > 0 {
+	if next := f.ep.budget.completed(n, c.probe); next > 0 {
 		f.r.log.Info("connection budget raised: larger chunks complete cleanly", "endpoint", f.ep.host, "budget", next)
 	}
 	return fresh, nil
@@ -537,11 +537,10 @@ func (f *blobFetch) getLocation(ctx context.Context, loc *url.URL, rng string) (
 // arrive: once what is left would take about as long as opening a
 // connection to the same address lately took.
 type warmup struct {
-	f      *blobFetch
-	secure bool
-	addr   string
-	lead   time.Duration
-	done   bool
+	f    *blobFetch
+	key  dialKey
+	lead time.Duration
+	done bool
 }
 
 // warmupFor returns the warm-up for a chunk requested with req, or nil when
@@ -552,13 +551,12 @@ func (f *blobFetch) warmupFor(req *http.Request) *warmup {
 	if d == nil || req == nil || d.proxied(req) {
 		return nil
 	}
-	secure := req.URL.Scheme == "https"
-	addr := hostPort(req.URL.Scheme, req.URL.Host)
-	setup := d.setupTime(dialKey(secure, addr))
+	key := dialKey{secure: req.URL.Scheme == "https", addr: hostPort(req.URL.Scheme, req.URL.Host)}
+	setup := d.setupTime(key)
 	if setup <= 0 {
 		return nil
 	}
-	return &warmup{f: f, secure: secure, addr: addr, lead: setup*3/2 + 10*time.Millisecond}
+	return &warmup{f: f, key: key, lead: setup*3/2 + 10*time.Millisecond}
 }
 
 // check starts the warm-up, within ctx, when the chunk's rest, at its pace
@@ -572,7 +570,7 @@ func (w *warmup) check(ctx context.Context, received, rest int64, elapsed time.D
 	}
 	w.done = true
 	if w.f.unclaimed() {
-		w.f.r.dialer.prewarm(ctx, w.secure, w.addr, w.f.r.fetch.FirstByteTimeout)
+		w.f.r.dialer.prewarm(ctx, w.key, w.f.r.fetch.FirstByteTimeout)
 	}
 }
 
