@@ -29,6 +29,7 @@ import (
 const (
 	checkpointBytes    = 4 << 20
 	checkpointInterval = time.Second
+	writebackBytes     = 1 << 20
 	partialPrefix      = "partial/"
 )
 
@@ -45,11 +46,21 @@ func partialKey(d digest.Digest) []byte { return []byte(partialPrefix + d.String
 // maybeCheckpoint starts a checkpoint in the background when one is due
 // and none is running: the sync and the database write stay off the
 // writer's path. n is the number of bytes just written.
+//
+// Every writebackBytes it also starts the kernel writing the file out, so a
+// checkpoint's sync waits for a few MiB at most, not for everything written
+// since the last one: bytes that arrive during a slow sync are bytes a crash
+// would cost again.
 func (p *Partial) maybeCheckpoint(n int) {
 	p.mu.Lock()
+	before := p.unsaved
 	p.unsaved += int64(n)
-	due := p.size >= 0 && (p.unsaved >= p.checkpointBytes || time.Since(p.savedAt) >= checkpointInterval)
+	writeback := before/writebackBytes != p.unsaved/writebackBytes
+	due := p.dueLocked()
 	p.mu.Unlock()
+	if writeback {
+		startWriteback(p.f)
+	}
 	if !due || !p.checkpointing.CompareAndSwap(false, true) {
 		return
 	}
@@ -57,11 +68,30 @@ func (p *Partial) maybeCheckpoint(n int) {
 	go func() {
 		defer p.background.Done()
 		defer p.checkpointing.Store(false)
-		if err := p.checkpoint(); err != nil {
-			// Not fatal: the download goes on, a crash would just cost more.
-			p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
+		// Bytes written while a checkpoint ran may make another due at once,
+		// with no later write to notice: the last MiB of a blob would wait
+		// for its commit, and a crash before that would lose them.
+		for {
+			if err := p.checkpoint(); err != nil {
+				// Not fatal: the download goes on, a crash would just cost more.
+				p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
+				return
+			}
+			p.mu.Lock()
+			due := p.dueLocked() && p.committed == "" && p.err == nil
+			p.mu.Unlock()
+			if !due {
+				return
+			}
 		}
 	}()
+}
+
+// dueLocked reports whether enough was written since the last checkpoint,
+// or long enough ago, for another.
+func (p *Partial) dueLocked() bool {
+	return p.size >= 0 && p.unsaved > 0 &&
+		(p.unsaved >= p.checkpointBytes || time.Since(p.savedAt) >= checkpointInterval)
 }
 
 // checkpoint records the download's progress durably.

@@ -80,6 +80,43 @@ func TestPartialResumesAfterCrash(t *testing.T) {
 	}
 }
 
+// TestPartialCheckpointsWhatArrivedDuringOne: bytes written while a
+// checkpoint syncs are recorded by another as soon as it ends, even when
+// no write follows to notice: the end of a blob often arrives during the
+// sync, and a crash before the commit would cost all of it again.
+func TestPartialCheckpointsWhatArrivedDuringOne(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := Open(t.Context(), dir, WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const every, piece = 256 << 10, 64 << 10
+	data := randomBytes(11, 16<<20)
+	d := digest.FromBytes(data)
+	p, err := s.NewPartial(t.Context(), d, int64(len(data)+1)) // never complete
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.checkpointBytes = every
+	// Written faster than a sync takes, so that most land during one.
+	for off := 0; off < len(data); off += piece {
+		if _, err := p.WriteAt(data[off:off+piece], int64(off)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.background.Wait()
+	s = reopen(t, s)
+
+	q, err := s.NewPartial(t.Context(), d, int64(len(data)+1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if start, _ := q.Missing(0); start < int64(len(data))-every {
+		t.Errorf("resumed at %d of the %d bytes written, want within one checkpoint (%d bytes)", start, len(data), every)
+	}
+}
+
 // TestPartialAbandonKeepsProgress: an abandoned download (upstream gone)
 // records where it was; the next one starts there.
 func TestPartialAbandonKeepsProgress(t *testing.T) {
