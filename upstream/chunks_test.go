@@ -81,6 +81,79 @@ func TestFetchBlobChunksWithinBudget(t *testing.T) {
 	}
 }
 
+// TestFetchBlobReusesConnections: a connection carries chunks of about
+// chunkTarget one after another while its budget has room, never more than
+// the budget in all; a session the path cuts is recorded at the bytes it
+// carried in all chunks, so the budget settles under the session's cut-off,
+// not under a chunk's share of it.
+func TestFetchBlobReusesConnections(t *testing.T) {
+	t.Parallel()
+	const (
+		size     = 16 << 20
+		budget   = 4 << 20
+		parallel = 2
+	)
+	tests := []struct {
+		name  string
+		cutAt int64 // bytes a session carries before the path cuts it; 0: never
+		cfg   FetchConfig
+	}{
+		{"clean path, fixed budget", 0,
+			FetchConfig{ConnectionBudget: budget, MaxConnectionBudget: budget, ParallelChunks: parallel}},
+		{"sessions cut at 2.5 MB", 2_500_000,
+			FetchConfig{ConnectionBudget: budget, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 2 * budget, ParallelChunks: parallel}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			blob := randomBlob(size)
+			s := &rangeServer{blob: blob}
+			srv := newCuttingServer(t, s, tt.cutAt)
+			r := newFetchRegistry(t, tt.cfg, []string{srv.URL})
+			w := newMemBlobWriter(-1)
+			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+				t.Fatalf("got %v, want no error", err)
+			}
+			checkBlob(t, w, blob)
+			gets := s.getRequests()
+			if tt.cutAt == 0 {
+				checkChunks(t, gets, size, chunkTarget+minChunk)
+			} // else the server counts bytes it wrote past the cut as delivered
+			perConn := map[*countingConn]int{}
+			for _, g := range gets {
+				perConn[g.conn]++
+			}
+			reused := 0
+			for c, n := range perConn {
+				if got := c.written.Load(); got > budget+int64(n)*headerAllowance {
+					t.Errorf("a connection carried %v bytes in %v answers, want at most the budget, %v, and their headers", got, n, budget)
+				}
+				if n > 1 {
+					reused++
+				}
+			}
+			if reused == 0 {
+				t.Errorf("connections that carried more than one chunk: got none of %v, want some", len(perConn))
+			}
+			got := r.endpoints[0].budget.get()
+			if tt.cutAt == 0 {
+				if most := size/(budget-chunkTarget) + 2*parallel; len(perConn) > most {
+					t.Errorf("connections: got %v for %v chunks, want at most %v", len(perConn), len(gets), most)
+				}
+				if got != budget {
+					t.Errorf("budget: got %v, want %v", got, budget)
+				}
+				return
+			}
+			// A cut recorded at a chunk's own bytes would put the budget
+			// under half the cut-off.
+			if got >= tt.cutAt || got < tt.cutAt/2 {
+				t.Errorf("budget: got %v, want %v to %v", got, tt.cutAt/2, tt.cutAt-1)
+			}
+		})
+	}
+}
+
 // TestFetchBlobLearnsBudgetFromCuts: every connection whose answer would
 // carry more than cutAt bytes is killed there. The fetch completes, and the
 // endpoint's budget ends below cutAt.
@@ -637,7 +710,7 @@ func TestFetchBlobProbeFreedOnCancel(t *testing.T) {
 			servers[r.URL.Path].ServeHTTP(w, r)
 		})
 		cfg := FetchConfig{ConnectionBudget: budget, MinConnectionBudget: budget, MaxConnectionBudget: 1 << 20, ParallelChunks: 1, MaxConnections: 1}
-		r := newMemFetchRegistry(t, memNet{"registry.test": handlerRT{h}}, cfg, "https://registry.test")
+		r := newPipeFetchRegistry(t, newPipeNet(t, h), cfg, "http://registry.test")
 
 		// The small blob's one chunk (too short to be a probe) holds the
 		// only connection; the large blob's first chunk, a probe, waits
@@ -756,7 +829,7 @@ func TestBudget(t *testing.T) {
 		}
 		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "budget"})
 		cuts := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cuts"}, []string{"kind"})
-		return newBudget(cfg, g, cuts), g, cuts
+		return newBudget(cfg, discardLogger, g, cuts), g, cuts
 	}
 	const mib = 1 << 20
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)

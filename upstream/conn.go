@@ -14,11 +14,12 @@ import (
 // its default. Its fields are named as the configuration file's fetch keys
 // (connection_budget, parallel_chunks, …).
 type FetchConfig struct {
-	// ConnectionBudget is the initial byte budget of one connection: a chunk is at most
-	// this long and gets a connection of its own. Default 1 MiB, below the
-	// smallest session cut seen on degraded carrier paths (1.3 MB). A
-	// kept-alive manifest, HEAD or token connection is retired once it has
-	// carried half the budget (see metaconn.go).
+	// ConnectionBudget is the initial byte budget of one connection: how
+	// much it may receive in all, over however many chunks, before it is
+	// replaced (see lane). Default 1 MiB, below the smallest session cut
+	// seen on degraded carrier paths (1.3 MB). A kept-alive manifest, HEAD
+	// or token connection is retired once it has carried half the budget
+	// (see metaconn.go).
 	ConnectionBudget int64
 	// MaxConnectionBudget is the ceiling an adaptive budget grows to on a
 	// clean path. Default 64 MiB. Set it equal to ConnectionBudget for a
@@ -84,17 +85,18 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 	return c, nil
 }
 
-// newChunkClient returns the client chunks are fetched with, and its dialer:
-// one connection per request (a keep-alive pool would quietly carry many
-// chunks on one session, defeating the budget), HTTP/1.1 only (HTTP/2
-// multiplexes every chunk onto one session), redirects returned rather than
-// followed (so a signed URL is resolved once and reused), and a read
-// deadline renewed on every read, which abandons a silent connection
-// without limiting a slow one. See chunkDialer for TLS resumption and warm
-// connections.
-func newChunkClient(base *http.Transport, firstByte, stall time.Duration) (*http.Client, *chunkDialer) {
+// newChunkTransport returns the transport chunks are fetched with, which
+// each lane clones (see lane), and its dialer: HTTP/1.1 only (HTTP/2
+// multiplexes every chunk onto one session, the very thing the budget must
+// bound), kept-alive connections, at most one idle per host (a lane sends
+// one request at a time), and a read deadline renewed on every read, which
+// abandons a silent connection without limiting a slow one; it also closes
+// a kept-alive connection left idle for as long. See chunkDialer for TLS
+// resumption and warm connections.
+func newChunkTransport(base *http.Transport, firstByte, stall time.Duration) (*http.Transport, *chunkDialer) {
 	t := base.Clone()
-	t.DisableKeepAlives = true
+	t.DisableKeepAlives = false
+	t.MaxIdleConnsPerHost = 1
 	t.ForceAttemptHTTP2 = false
 	t.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 	cfg := t.TLSClientConfig
@@ -116,11 +118,12 @@ func newChunkClient(base *http.Transport, firstByte, stall time.Duration) (*http
 	t.DialContext = d.dialTCP
 	t.DialTLSContext = d.dialTLS
 	t.ResponseHeaderTimeout = max(firstByte, t.ResponseHeaderTimeout)
-	return &http.Client{
-		Transport:     t,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}, d
+	return t, d
 }
+
+// noRedirects returns redirects to the caller rather than following them,
+// so that a signed URL is resolved once and reused.
+func noRedirects(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // sessionCacheSize is how many TLS sessions a client keeps for resumption:
 // one per server name is what counts.
@@ -139,6 +142,12 @@ type idleTimeoutConn struct {
 
 func (c *idleTimeoutConn) Write(p []byte) (int, error) {
 	c.answered.Store(false)
+	// A kept-alive connection's reader may already wait, with the idle
+	// deadline of a connection between requests: the answer to this one
+	// gets the first-byte wait.
+	if err := c.Conn.SetReadDeadline(time.Now().Add(c.first)); err != nil {
+		return 0, err
+	}
 	return c.Conn.Write(p)
 }
 

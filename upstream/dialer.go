@@ -12,18 +12,23 @@ import (
 	"time"
 )
 
-// chunkDialer opens the connections blob chunks travel on. Each carries one
-// chunk, so over a long path its set-up (TCP, then TLS) is paid per chunk.
-// Two things shorten it:
+// chunkDialer opens the connections blob chunks travel on. A connection
+// carries chunks until it has used its byte budget (see lane), so over a
+// long path its set-up (TCP, then TLS) is paid once per budget. Two things
+// shorten it further:
 //
 //   - TLS sessions are resumed from a cache: with TLS 1.2 a resumed
 //     handshake saves a round trip, with TLS 1.3 the certificate chain's
 //     transfer and verification;
-//   - a connection can be opened ahead of need (warm): a chunk about to end
-//     asks for one, so that the next chunk's request goes out on a connection
-//     whose set-up overlapped the transfer. A warm connection has carried
-//     nothing, so it holds its whole byte budget; one not taken within
-//     warmMaxAge is closed (servers drop connections that send nothing).
+//   - a connection can be opened ahead of need (warm): a chunk that will
+//     use up its connection's budget asks for one as it ends, so that the
+//     next chunk's request goes out on a connection whose set-up overlapped
+//     the transfer. A warm connection has carried nothing, so it holds its
+//     whole byte budget; one not taken within warmMaxAge is closed (servers
+//     drop connections that send nothing).
+//
+// Every connection it opens is a chunkConn, which counts the bytes it
+// receives: what a degraded carrier counts before it kills the session.
 type chunkDialer struct {
 	proxy       func(*http.Request) (*url.URL, error) // the transport's; nil: none
 	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -65,7 +70,8 @@ func (d *chunkDialer) dialTLS(ctx context.Context, network, addr string) (net.Co
 	return d.get(ctx, network, dialKey{true, addr})
 }
 
-// get returns a warm connection for key, or opens one.
+// get returns a warm connection for key, or opens one. A probe in ctx (see
+// withProbe) goes to the connection returned, if no other took it yet.
 func (d *chunkDialer) get(ctx context.Context, network string, key dialKey) (net.Conn, error) {
 	d.prune(key)
 	d.mu.Lock()
@@ -77,9 +83,18 @@ func (d *chunkDialer) get(ctx context.Context, network string, key dialKey) (net
 	d.mu.Unlock()
 	if c != nil {
 		d.warmTaken.Add(1)
-		return c, nil
+	} else {
+		var err error
+		if c, err = d.open(ctx, network, key); err != nil {
+			return nil, err
+		}
 	}
-	return d.open(ctx, network, key)
+	if p := probeFrom(ctx); p != nil && p.attached.CompareAndSwap(false, true) {
+		if cc := asChunkConn(c); cc != nil {
+			cc.probe = p
+		}
+	}
+	return c, nil
 }
 
 // open dials key's address, with a TLS handshake when secure, and records
@@ -90,7 +105,7 @@ func (d *chunkDialer) open(ctx context.Context, network string, key dialKey) (ne
 	if err != nil {
 		return nil, err
 	}
-	var c net.Conn = &idleTimeoutConn{Conn: raw, first: d.first, idle: d.idle}
+	var c net.Conn = &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: raw, first: d.first, idle: d.idle}}
 	if key.secure {
 		cfg := d.tls.Clone()
 		if cfg.ServerName == "" {
@@ -192,4 +207,100 @@ func hostPort(scheme, host string) string {
 		port = "443"
 	}
 	return net.JoinHostPort(strings.Trim(host, "[]"), port)
+}
+
+// chunkConn is a chunk connection: it counts the bytes it receives, and
+// knows the probe it carries, if any.
+type chunkConn struct {
+	idleTimeoutConn
+	read    atomic.Int64
+	retired atomic.Bool // closed, or to be closed: no chunk is planned on it
+	inUse   atomic.Bool // a chunk's request went out on it and is not done
+	probe   *probeConn  // nil: held to its endpoint's current budget
+}
+
+func (c *chunkConn) Read(p []byte) (int, error) {
+	n, err := c.idleTimeoutConn.Read(p)
+	c.read.Add(int64(n))
+	if err != nil {
+		c.retired.Store(true) // net/http closes a connection whose read failed
+	}
+	return n, err
+}
+
+// Close settles a probe the connection carried, if nothing else did: a
+// connection closed idle, or by the server, says nothing about the budget.
+// While a chunk is in flight on it the chunk settles it (see done): net/http
+// closes a connection whose answer broke off before the chunk's fetcher
+// learns of the break, which is a cut.
+func (c *chunkConn) Close() error {
+	c.retired.Store(true)
+	if c.probe != nil && !c.inUse.Load() {
+		c.probe.failed()
+	}
+	return c.idleTimeoutConn.Close()
+}
+
+// done ends the chunk in flight on c: if c is closed by now, a probe it
+// carried that nothing settled settles as failed. The order of the stores
+// and loads here and in Close makes one of them see the other.
+func (c *chunkConn) done() {
+	c.inUse.Store(false)
+	if c.retired.Load() && c.probe != nil {
+		c.probe.failed()
+	}
+}
+
+// asChunkConn returns the chunkConn under c (a TLS connection's, or c
+// itself), or nil when c is not one.
+func asChunkConn(c net.Conn) *chunkConn {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	cc, _ := c.(*chunkConn)
+	return cc
+}
+
+// probeConn is a connection allowed more than its endpoint's budget, to
+// find whether the path lets sessions carry that much (see budget). It is
+// settled once: won when the connection carried its allowance, cut when
+// the path cut it first, failed when it ended without evidence either way.
+type probeConn struct {
+	budget    *budget
+	allowance int64
+	attached  atomic.Bool // a connection took it
+	settled   atomic.Bool
+}
+
+type probeKey struct{}
+
+// withProbe returns ctx carrying p for the next connection the chunk
+// dialer opens or hands out under it.
+func withProbe(ctx context.Context, p *probeConn) context.Context {
+	return context.WithValue(ctx, probeKey{}, p)
+}
+
+func probeFrom(ctx context.Context) *probeConn {
+	p, _ := ctx.Value(probeKey{}).(*probeConn)
+	return p
+}
+
+func (p *probeConn) won(carried int64) int64 {
+	if !p.settled.CompareAndSwap(false, true) {
+		return 0
+	}
+	return p.budget.completed(carried, true)
+}
+
+func (p *probeConn) cut(carried int64, kind string) int64 {
+	if !p.settled.CompareAndSwap(false, true) {
+		return 0
+	}
+	return p.budget.cut(carried, true, kind, time.Now())
+}
+
+func (p *probeConn) failed() {
+	if p.settled.CompareAndSwap(false, true) {
+		p.budget.failed(true)
+	}
 }

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"log/slog"
 	"net/url"
 	"slices"
 	"sync"
@@ -49,20 +50,18 @@ func (ep *endpoint) name() string {
 // kills sessions after a byte count, so the connection, not the request, is
 // the unit to control.
 //
-// An adaptive budget grows by probing: a chunk asks for twice the budget,
-// and after growAfter such probes in a row complete, the larger budget is
-// adopted. Once a session was cut recently, one probe at a time is in
-// flight: that bounds what finding the edge costs (on a path that stalls
-// sessions, one stalled chunk rather than a wave). On a path with no recent
-// cut, cleanProbes probe at once, so that the budget grows in fewer chunk
-// lifetimes. A size is adopted only once every probe in flight has settled:
-// a probe that stalls is a failure known late, and holds the others' wins
-// until it is.
-//
-// Growth is deliberately slow: a chunk is also the unit in which a blob
-// arrives, and chunks much larger than a client's reading pace arrive out of
-// order, so that the client, and the hashing before commit, wait for the
-// last of them at the end instead of working while the blob streams in.
+// An adaptive budget grows by probing: a new connection is allowed twice
+// the budget, and after growAfter such probes in a row carry it cleanly,
+// the larger budget is adopted. Once a session was cut recently, one probe
+// at a time is in flight: that bounds what finding the edge costs (on a path
+// that stalls sessions, one stalled connection rather than a wave). On a
+// path with no recent cut, cleanProbes probe at once, so that the budget
+// grows in fewer connection lifetimes. A size is adopted only once every
+// probe in flight has settled: a probe that stalls is a failure known late,
+// and holds the others' wins until it is. A probe's connection carries
+// ordinary chunks (see lane): the budget bounds sessions, not chunks, so a
+// larger one changes how often a connection is opened, never the order in
+// which a blob arrives.
 //
 // Sessions that die part-way are cut points, and the carrier's cut-off is
 // estimated from the recent ones as the (cutOutliers+1)-th smallest, so that
@@ -76,6 +75,7 @@ func (ep *endpoint) name() string {
 // given up for one odd event.
 type budget struct {
 	cfg   FetchConfig
+	log   *slog.Logger
 	gauge prometheus.Gauge
 	cuts  *prometheus.CounterVec // by kind
 
@@ -111,8 +111,8 @@ const (
 	cutMarginNum, cutMarginDen = 3, 4
 )
 
-func newBudget(cfg FetchConfig, gauge prometheus.Gauge, cuts *prometheus.CounterVec) *budget {
-	b := &budget{cfg: cfg, gauge: gauge, cuts: cuts, current: cfg.ConnectionBudget}
+func newBudget(cfg FetchConfig, log *slog.Logger, gauge prometheus.Gauge, cuts *prometheus.CounterVec) *budget {
+	b := &budget{cfg: cfg, log: log, gauge: gauge, cuts: cuts, current: cfg.ConnectionBudget}
 	gauge.Set(float64(b.current))
 	return b
 }
@@ -124,8 +124,8 @@ func (b *budget) get() int64 {
 	return b.current
 }
 
-// next returns the size for the next chunk: the budget, or twice it (up to
-// the limit) when this chunk is to be the probe.
+// next returns the allowance of a new connection: the budget, or twice it
+// (up to the limit) when the connection is to be a probe.
 func (b *budget) next(now time.Time) (size int64, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -183,7 +183,8 @@ func (b *budget) edgeLocked(now time.Time, regular bool) (edge int64, below int)
 	return recent[min(n, cutOutliers+1)-1], below
 }
 
-// completed records a chunk that finished on its connection. It returns the
+// completed records a probe connection that carried size bytes in all
+// without a cut, and was retired as its allowance ran out. It returns the
 // new budget when it grew, else 0.
 func (b *budget) completed(size int64, probe bool) int64 {
 	if !probe {
@@ -192,7 +193,7 @@ func (b *budget) completed(size int64, probe bool) int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.probing--
-	if size == b.probeSize && size > b.current {
+	if size > b.current && b.probeSize > b.current {
 		b.probeWins++
 	}
 	return b.adoptLocked()
@@ -208,11 +209,12 @@ func (b *budget) adoptLocked() int64 {
 	b.probeWins = 0
 	b.current = b.probeSize
 	b.gauge.Set(float64(b.current))
+	b.log.Info("connection budget raised: sessions carry more cleanly", "budget", b.current)
 	return b.current
 }
 
-// failed records a chunk that failed before carrying a byte: no evidence
-// either way.
+// failed records a probe that ended without evidence either way: its
+// connection failed before carrying a byte, or was closed idle.
 func (b *budget) failed(probe bool) {
 	if !probe {
 		return

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
@@ -39,9 +40,9 @@ type BlobWriter interface {
 // fetchBufferSize is the read size on the blob path, pooled per chunk.
 const fetchBufferSize = 256 << 10
 
-// FetchBlob writes blob d of repo into w as HTTP Range requests of at most
-// one connection budget each, several at once, each on a connection of its
-// own. A chunk cut short is re-requested from its first missing byte; an
+// FetchBlob writes blob d of repo into w as HTTP Range requests (chunks),
+// several at once, on connections that each carry at most the endpoint's
+// connection budget (see lane). A chunk cut short is re-requested from its first missing byte; an
 // endpoint that keeps failing is left for the next one. It returns the
 // endpoint (as Endpoints names it) that completed the blob. The digest is
 // not checked here: w's owner does that once every byte is in, and reports
@@ -185,17 +186,22 @@ func sizeMismatchMessage(d digest.Digest, claimed, declared int64) string {
 }
 
 // worker fetches chunks until none is left to claim. It claims a chunk only
-// once the pipe gives it a connection slot, so that the chunk is the one
-// most wanted at the time the connection opens.
+// once the pipe gives it a lane, so that the chunk is the one most wanted at
+// the time its request goes out, sized to the lane's connection.
 func (f *blobFetch) worker(ctx context.Context) error {
 	pipe := f.ep.pipe
 	for {
-		if err := pipe.acquire(ctx, f); err != nil {
+		l, err := pipe.acquire(ctx, f)
+		if err != nil {
 			return err
 		}
-		c, ok, wait := f.claim()
+		plan := l.plan(f.ep, f.target())
+		c, ok, wait := f.claim(plan.size, plan.room)
 		if !ok {
-			pipe.release(f, 0)
+			if plan.probe != nil {
+				plan.probe.failed()
+			}
+			pipe.release(f, l, 0)
 			if wait == nil {
 				return nil
 			}
@@ -207,9 +213,9 @@ func (f *blobFetch) worker(ctx context.Context) error {
 			}
 		}
 		start := time.Now()
-		n, err := f.fetchChunk(ctx, c)
+		n, err := f.fetchChunk(ctx, l, c, plan)
 		f.release(c)
-		pipe.release(f, time.Since(start))
+		pipe.release(f, l, time.Since(start))
 		if err == nil {
 			f.progress()
 			continue
@@ -240,25 +246,36 @@ func (f *blobFetch) worker(ctx context.Context) error {
 type chunk struct {
 	start, end int64 // end is -1 when the size is not known yet
 	open       bool  // ask for bytes=start- and accept a 200
-	probe      bool  // sized to probe a larger connection budget
+}
+
+// target is where the next chunk's request goes: the registry's redirect
+// target while it is accepted, else the registry.
+func (f *blobFetch) target() *url.URL {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.location != nil {
+		return f.location
+	}
+	return f.ep.url
 }
 
 // claim picks the next range to fetch: at the first offset a client waits
 // for that is neither written nor claimed, else the first such offset from
-// the start; at most one connection budget long. When there is nothing to
-// claim yet but may be soon (the size is being learned), it returns a
-// channel to wait on.
-func (f *blobFetch) claim() (chunk, bool, <-chan struct{}) {
+// the start; size bytes long at most, or up to room when the rest of the gap
+// would be too short for a chunk of its own. When there is nothing to claim
+// yet but may be soon (the size is being learned), it returns a channel to
+// wait on.
+func (f *blobFetch) claim(size, room int64) (chunk, bool, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	size := f.w.Size()
+	blobSize := f.w.Size()
 	switch {
-	case size < 0:
+	case blobSize < 0:
 		if f.sizing {
 			return chunk{}, false, f.sized
 		}
 		f.sizing, f.sized = true, make(chan struct{})
-		return chunk{start: 0, end: f.ep.budget.get()}, true, nil
+		return chunk{start: 0, end: size}, true, nil
 	case f.noRange:
 		if f.streaming {
 			return chunk{}, false, nil
@@ -268,34 +285,26 @@ func (f *blobFetch) claim() (chunk, bool, <-chan struct{}) {
 			return chunk{}, false, nil
 		}
 		f.streaming, f.stream = true, start
-		return chunk{start: start, end: size, open: true}, true, nil
+		return chunk{start: start, end: blobSize, open: true}, true, nil
 	}
-	budget, probe := f.ep.budget.next(time.Now())
 	wanted := f.w.Wanted() // nil unless readers wait: no allocation per chunk
 	for i := 0; i <= len(wanted); i++ {
 		off := int64(0) // after the wanted offsets, from the start
 		if i < len(wanted) {
 			off = wanted[i]
 		}
-		if c, ok := f.gapFrom(off, budget); ok {
-			// A chunk cut short by the blob's end or a neighbour proves
-			// nothing about a larger budget.
-			c.probe = probe && c.end-c.start == budget
-			if probe && !c.probe {
-				f.ep.budget.failed(true)
-			}
+		if c, ok := f.gapFrom(off, size, room); ok {
 			f.inflight = append(f.inflight, span{c.start, c.end})
 			return c, true, nil
 		}
 	}
-	if probe {
-		f.ep.budget.failed(true)
-	}
 	return chunk{}, false, nil
 }
 
-// gapFrom finds the first unwritten, unclaimed range at or after off.
-func (f *blobFetch) gapFrom(off, budget int64) (chunk, bool) {
+// gapFrom finds the first unwritten, unclaimed range at or after off: size
+// bytes of it, or all of it when that is at most room and what size would
+// leave is under minChunk (a short rest would cost a request of its own).
+func (f *blobFetch) gapFrom(off, size, room int64) (chunk, bool) {
 	for {
 		start, end := f.w.Missing(off)
 		if start >= end {
@@ -312,7 +321,10 @@ func (f *blobFetch) gapFrom(off, budget int64) (chunk, bool) {
 			}
 		}
 		if !moved {
-			return chunk{start: start, end: min(end, start+budget)}, true
+			if end-start <= room && end-start-size < minChunk {
+				return chunk{start: start, end: end}, true
+			}
+			return chunk{start: start, end: min(end, start+size)}, true
 		}
 	}
 }
@@ -350,19 +362,26 @@ func (f *blobFetch) failed() int {
 	return f.failures
 }
 
-// fetchChunk fetches one chunk on a connection of its own and returns how
-// many bytes it wrote.
-func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
-	// A probe that ends any other way than completing or being cut frees
-	// the budget for the next probe.
-	probeSettled := false
-	defer func() {
-		if c.probe && !probeSettled {
-			f.ep.budget.failed(true)
-		}
-	}()
+// fetchChunk fetches one chunk on l, as plan says, and returns how many
+// bytes it wrote. What happens to the connection is evidence about the path:
+// a cut is recorded at the bytes the session carried in all, and a
+// connection that used up its budget is retired.
+func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunkPlan) (int64, error) {
+	var on chunkTrace
+	defer on.done()
+	ctx = httptrace.WithClientTrace(ctx, on.trace())
+	if plan.probe != nil {
+		ctx = withProbe(ctx, plan.probe)
+		// A request that went out on a connection already open probed
+		// nothing.
+		defer func() {
+			if !plan.probe.attached.Load() {
+				plan.probe.failed()
+			}
+		}()
+	}
 	chunks := f.ep.chunks
-	resp, op, err := f.open(ctx, c)
+	resp, op, err := f.open(ctx, l, c)
 	if err != nil {
 		chunks.WithLabelValues("failed").Inc()
 		if e := (*Error)(nil); errors.As(err, &e) &&
@@ -371,6 +390,8 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		}
 		return 0, err
 	}
+	conn := on.conn
+	l.answered(resp.Request, conn)
 	defer resp.Body.Close()
 	host := responseHost(resp)
 	fail := func(kind, cause error, format string, a ...any) *Error {
@@ -413,7 +434,11 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", f.digest)
 	}
 
-	n, err := f.copyBody(ctx, resp.Body, start, end, f.warmupFor(resp.Request))
+	var ahead *warmup
+	if plan.last {
+		ahead = f.warmupFor(resp.Request)
+	}
+	n, err := f.copyBody(ctx, resp.Body, start, end, ahead)
 	// A stream restarted from byte 0 re-sends bytes already held: only those
 	// past the chunk's start are progress.
 	fresh := max(0, start+n-c.start)
@@ -427,29 +452,45 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 		kind := cutKind(err)
 		chunks.WithLabelValues("cut").Inc()
 		f.ep.health.chunk(time.Now(), true)
+		// Where the session died: the bytes it carried in all, chunks
+		// before this one, handshake and headers included, as the carrier
+		// counts them. A chunk that died before its first byte is no
+		// evidence of a byte-count cut.
+		carried, probe := n, false
+		if conn != nil {
+			carried, probe = conn.read.Load(), conn.probe != nil
+			conn.retired.Store(true)
+		}
+		if n == 0 {
+			carried = 0
+		}
 		switch {
-		case c.probe: // finding where the path cuts is what a probe is for
+		case probe: // finding where the path cuts is what a probe is for
 		case kind == "stall":
 			f.ep.pipe.failed(pipeStall)
 		default:
 			f.ep.pipe.failed(pipeCut)
 		}
-		probeSettled = true
-		if next := f.ep.budget.cut(n, c.probe, kind, time.Now()); next > 0 {
-			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
-				"cut_at", n, "kind", kind, "budget", next)
+		var next int64
+		if probe {
+			next = conn.probe.cut(carried, kind)
+		} else {
+			next = f.ep.budget.cut(carried, false, kind, time.Now())
 		}
-		return fresh, fail(ErrUnavailable, err, "%s: connection %s after %d of %d bytes: %v",
-			chunkName(f.digest, start, end), cutVerb(kind), n, end-start, err)
+		if next > 0 {
+			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
+				"cut_at", carried, "kind", kind, "budget", next)
+		}
+		return fresh, fail(ErrUnavailable, err, "%s: connection %s after %d of %d bytes (%d on the connection): %v",
+			chunkName(f.digest, start, end), cutVerb(kind), n, end-start, carried, err)
 	}
 	chunks.WithLabelValues("complete").Inc()
 	f.ep.health.chunk(time.Now(), false)
-	if resp.StatusCode != http.StatusPartialContent || n != c.end-c.start {
-		return fresh, nil // not the chunk that was asked for: no evidence about the budget
-	}
-	probeSettled = true
-	if next := f.ep.budget.completed(n, c.probe); next > 0 {
-		f.r.log.Info("connection budget raised: larger chunks complete cleanly", "endpoint", f.ep.host, "budget", next)
+	if conn != nil && (c.open || resp.StatusCode != http.StatusPartialContent ||
+		conn.allowance(f.ep)-conn.read.Load() < minChunk) {
+		// Used up, or carried a whole stream: a probe on it won.
+		resp.Body.Close()
+		l.retire(conn)
 	}
 	return fresh, nil
 }
@@ -457,7 +498,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, c chunk) (int64, error) {
 // open sends the chunk's request: to the URL the registry redirected to
 // before, while it is accepted, else to the registry (which may redirect
 // again). Authorization goes only to the registry.
-func (f *blobFetch) open(ctx context.Context, c chunk) (*http.Response, string, error) {
+func (f *blobFetch) open(ctx context.Context, l *lane, c chunk) (*http.Response, string, error) {
 	rng := fmt.Sprintf("bytes=%d-", c.start)
 	if !c.open && c.end >= 0 {
 		rng += strconv.FormatInt(c.end-1, 10)
@@ -466,7 +507,7 @@ func (f *blobFetch) open(ctx context.Context, c chunk) (*http.Response, string, 
 	loc := f.location
 	f.mu.Unlock()
 	if loc != nil {
-		resp, err := f.getLocation(ctx, loc, rng)
+		resp, err := f.getLocation(ctx, l, loc, rng)
 		if err != nil {
 			return nil, "GET " + redacted(loc), err
 		}
@@ -482,7 +523,7 @@ func (f *blobFetch) open(ctx context.Context, c chunk) (*http.Response, string, 
 	}
 
 	q := request{method: http.MethodGet, repo: f.repo, path: "blobs/" + f.digest.String(),
-		header: http.Header{"Range": {rng}}, client: f.r.chunks}
+		header: http.Header{"Range": {rng}}, client: l.client}
 	resp, err := f.r.send(ctx, f.ep, q)
 	if err != nil {
 		return nil, q.op(), err
@@ -502,7 +543,7 @@ func (f *blobFetch) open(ctx context.Context, c chunk) (*http.Response, string, 
 		f.location = loc
 		f.mu.Unlock()
 		op := "GET " + redacted(loc)
-		resp, err := f.getLocation(ctx, loc, rng)
+		resp, err := f.getLocation(ctx, l, loc, rng)
 		if err != nil {
 			return nil, op, err
 		}
@@ -518,13 +559,13 @@ func (f *blobFetch) open(ctx context.Context, c chunk) (*http.Response, string, 
 
 // getLocation fetches a range from a redirect target, without credentials:
 // a presigned URL carries its own, and object stores refuse a second kind.
-func (f *blobFetch) getLocation(ctx context.Context, loc *url.URL, rng string) (*http.Response, error) {
+func (f *blobFetch) getLocation(ctx context.Context, l *lane, loc *url.URL, rng string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, loc.String(), nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Range", rng)
-	resp, err := f.r.chunks.Do(req)
+	resp, err := l.client.Do(req)
 	if err != nil {
 		f.r.metrics.request(f.r.name, http.MethodGet, 0)
 		return nil, f.r.transportError(loc.Host, "GET "+redacted(loc), err)
@@ -581,7 +622,7 @@ func (f *blobFetch) unclaimed() bool {
 	if f.noRange || f.w.Size() < 0 {
 		return false
 	}
-	_, ok := f.gapFrom(0, 1)
+	_, ok := f.gapFrom(0, 1, 1)
 	return ok
 }
 
@@ -623,6 +664,10 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 			return off - start, err
 		}
 	}
+	// Read on to the answer's end: net/http keeps a connection for the next
+	// chunk only once it has seen it. An answer longer than asked for ends
+	// its connection here instead, as it should.
+	body.Read(buf[:1])
 	return off - start, nil
 }
 

@@ -383,11 +383,17 @@ func checkChunksFrom(t *testing.T, gets []served, have, size, budget int64) {
 // connKey is the request context key of the *countingConn a request came on.
 type connKey struct{}
 
-// countingListener counts the bytes a server writes on each connection.
-type countingListener struct{ net.Listener }
+// countingListener counts the bytes a server writes on each connection,
+// and, when cutAt is not 0, closes a connection once it has written cutAt
+// bytes, as a degraded carrier kills a session after a byte count.
+type countingListener struct {
+	net.Listener
+	cutAt int64
+}
 
 type countingConn struct {
 	net.Conn
+	cutAt   int64
 	written atomic.Int64
 }
 
@@ -396,21 +402,37 @@ func (l countingListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &countingConn{Conn: c}, nil
+	return &countingConn{Conn: c, cutAt: l.cutAt}, nil
 }
 
 func (c *countingConn) Write(p []byte) (int, error) {
+	cut := false
+	if c.cutAt > 0 {
+		if left := c.cutAt - c.written.Load(); int64(len(p)) > left {
+			p, cut = p[:max(left, 0)], true
+		}
+	}
 	n, err := c.Conn.Write(p)
 	c.written.Add(int64(n))
+	if cut && err == nil {
+		c.Conn.Close()
+		err = net.ErrClosed
+	}
 	return n, err
 }
 
 // newCountingServer starts an httptest server whose requests carry the
 // *countingConn they came on in their context (see rangeServer's conn).
 func newCountingServer(t *testing.T, h http.Handler) *httptest.Server {
+	return newCuttingServer(t, h, 0)
+}
+
+// newCuttingServer is newCountingServer, its connections closed once they
+// have written cutAt bytes (0: never).
+func newCuttingServer(t *testing.T, h http.Handler, cutAt int64) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
-	srv.Listener = countingListener{srv.Listener}
+	srv.Listener = countingListener{Listener: srv.Listener, cutAt: cutAt}
 	srv.Config.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
 		if cc, ok := c.(*countingConn); ok {
 			return context.WithValue(ctx, connKey{}, cc)
@@ -1021,6 +1043,65 @@ func (s *scriptedBlob) seen() []string {
 func newMemFetchRegistry(t *testing.T, n memNet, cfg FetchConfig, endpoints ...string) *Registry {
 	t.Helper()
 	r, err := New(testUpstream, endpoints, WithTransport(n), WithLogger(discardLogger), WithFetchConfig(cfg))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return r
+}
+
+// pipeNet serves h over in-memory connections (net.Pipe ends) to a real
+// http.Transport: a Registry on it fetches through lanes whose connections
+// it sees, as over TCP, inside a synctest bubble, where goroutines waiting
+// on real sockets would not count as blocked. Its cleanup closes the server,
+// and with it every connection.
+type pipeNet struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPipeNet(t *testing.T, h http.Handler) *pipeNet {
+	n := &pipeNet{conns: make(chan net.Conn), done: make(chan struct{})}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(n)
+	t.Cleanup(func() { srv.Close() })
+	return n
+}
+
+func (n *pipeNet) Accept() (net.Conn, error) {
+	select {
+	case c := <-n.conns:
+		return c, nil
+	case <-n.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (n *pipeNet) Close() error {
+	n.once.Do(func() { close(n.done) })
+	return nil
+}
+
+func (n *pipeNet) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+func (n *pipeNet) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	client, server := net.Pipe()
+	select {
+	case n.conns <- server:
+		return client, nil
+	case <-n.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// newPipeFetchRegistry returns a Registry named testUpstream with fetch
+// settings cfg, over n, for endpoints (http:// URLs: n speaks no TLS).
+func newPipeFetchRegistry(t *testing.T, n *pipeNet, cfg FetchConfig, endpoints ...string) *Registry {
+	t.Helper()
+	tr := &http.Transport{DialContext: n.dial}
+	r, err := New(testUpstream, endpoints, WithTransport(tr), WithLogger(discardLogger), WithFetchConfig(cfg))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -34,6 +34,7 @@ import (
 type pipe struct {
 	log      *slog.Logger
 	max      int
+	newLane  func() *lane
 	limitG   prometheus.Gauge
 	flightG  prometheus.Gauge
 	received atomic.Int64 // chunk bytes received from the endpoint, ever
@@ -43,6 +44,7 @@ type pipe struct {
 	inflight int
 	held     map[*blobFetch]int
 	waiters  []*pipeWaiter
+	idle     []*lane // lanes not in use, the last used on top: its connections are the warmest
 
 	// Goodput control.
 	winStart  time.Time
@@ -60,6 +62,7 @@ type pipeWaiter struct {
 	owner   *blobFetch
 	ready   chan struct{}
 	granted bool
+	lane    *lane // with granted
 }
 
 const (
@@ -79,20 +82,20 @@ const (
 	staleRate = time.Minute
 )
 
-func newPipe(maxConns int, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
-	p := &pipe{log: log, max: maxConns, limitG: limitG, flightG: flightG, held: map[*blobFetch]int{},
+func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
+	p := &pipe{log: log, max: maxConns, newLane: newLane, limitG: limitG, flightG: flightG, held: map[*blobFetch]int{},
 		limit: min(initialConnections, maxConns)}
 	limitG.Set(float64(p.limit))
 	return p
 }
 
-// acquire waits for a connection slot for owner.
-func (p *pipe) acquire(ctx context.Context, owner *blobFetch) error {
+// acquire waits for a connection slot for owner, and returns its lane.
+func (p *pipe) acquire(ctx context.Context, owner *blobFetch) (*lane, error) {
 	p.mu.Lock()
 	if p.inflight < p.limit && len(p.waiters) == 0 {
-		p.grantLocked(owner)
+		l := p.grantLocked(owner)
 		p.mu.Unlock()
-		return nil
+		return l, nil
 	}
 	p.saturated = true
 	w := &pipeWaiter{owner: owner, ready: make(chan struct{})}
@@ -100,14 +103,14 @@ func (p *pipe) acquire(ctx context.Context, owner *blobFetch) error {
 	p.mu.Unlock()
 	select {
 	case <-w.ready:
-		return nil
+		return w.lane, nil
 	case <-ctx.Done():
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if w.granted {
-		p.releaseLocked(owner)
-		return ctx.Err()
+		p.releaseLocked(owner, w.lane)
+		return nil, ctx.Err()
 	}
 	for i, x := range p.waiters {
 		if x == w {
@@ -115,10 +118,10 @@ func (p *pipe) acquire(ctx context.Context, owner *blobFetch) error {
 			break
 		}
 	}
-	return ctx.Err()
+	return nil, ctx.Err()
 }
 
-func (p *pipe) grantLocked(owner *blobFetch) {
+func (p *pipe) grantLocked(owner *blobFetch) *lane {
 	if p.winStart.IsZero() { // the first window starts with the first connection
 		p.winStart, p.winBytes = time.Now(), p.received.Load()
 	}
@@ -128,11 +131,17 @@ func (p *pipe) grantLocked(owner *blobFetch) {
 	if p.inflight >= p.limit {
 		p.saturated = true
 	}
+	if n := len(p.idle); n > 0 {
+		l := p.idle[n-1]
+		p.idle = p.idle[:n-1]
+		return l
+	}
+	return p.newLane()
 }
 
-// release returns owner's slot; took is how long the chunk held it (0: it
-// fetched nothing).
-func (p *pipe) release(owner *blobFetch, took time.Duration) {
+// release returns owner's slot and its lane; took is how long the chunk
+// held it (0: it fetched nothing).
+func (p *pipe) release(owner *blobFetch, l *lane, took time.Duration) {
 	now := time.Now()
 	p.mu.Lock()
 	if took > 0 {
@@ -142,7 +151,7 @@ func (p *pipe) release(owner *blobFetch, took time.Duration) {
 			p.chunkTime = (7*p.chunkTime + took) / 8
 		}
 	}
-	p.releaseLocked(owner)
+	p.releaseLocked(owner, l)
 	from := p.limit
 	why, rate := p.tickLocked(now)
 	to := p.limit
@@ -152,11 +161,12 @@ func (p *pipe) release(owner *blobFetch, took time.Duration) {
 	}
 }
 
-func (p *pipe) releaseLocked(owner *blobFetch) {
+func (p *pipe) releaseLocked(owner *blobFetch, l *lane) {
 	p.inflight--
 	if p.held[owner]--; p.held[owner] <= 0 {
 		delete(p.held, owner)
 	}
+	p.idle = append(p.idle, l)
 	p.flightG.Set(float64(p.inflight))
 	p.wakeLocked()
 }
@@ -173,7 +183,7 @@ func (p *pipe) wakeLocked() {
 		w := p.waiters[best]
 		p.waiters = append(p.waiters[:best], p.waiters[best+1:]...)
 		w.granted = true
-		p.grantLocked(w.owner)
+		w.lane = p.grantLocked(w.owner)
 		close(w.ready)
 	}
 }

@@ -11,7 +11,7 @@ import (
 )
 
 func newTestPipe(maxConns int) *pipe {
-	return newPipe(maxConns, discardLogger, prometheus.NewGauge(prometheus.GaugeOpts{Name: "limit"}),
+	return newPipe(maxConns, func() *lane { return &lane{} }, discardLogger, prometheus.NewGauge(prometheus.GaugeOpts{Name: "limit"}),
 		prometheus.NewGauge(prometheus.GaugeOpts{Name: "in_flight"}))
 }
 
@@ -30,7 +30,8 @@ func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64,
 	for range workers {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				if p.acquire(ctx, owner) != nil {
+				l, err := p.acquire(ctx, owner)
+				if err != nil {
 					return
 				}
 				p.mu.Lock()
@@ -43,7 +44,7 @@ func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64,
 				took := time.Duration(float64(chunk) / rate * float64(time.Second))
 				time.Sleep(took)
 				p.add(int(chunk))
-				p.release(owner, took)
+				p.release(owner, l, took)
 			}
 		})
 	}
@@ -108,7 +109,7 @@ func TestPipeShares(t *testing.T) {
 		a, b := &blobFetch{}, &blobFetch{}
 		ctx := t.Context()
 		for range 4 {
-			if err := p.acquire(ctx, a); err != nil {
+			if _, err := p.acquire(ctx, a); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -116,14 +117,14 @@ func TestPipeShares(t *testing.T) {
 		granted := make(chan *blobFetch, 6)
 		for _, o := range []*blobFetch{a, a, a, b, b, b} {
 			go func() {
-				if p.acquire(ctx, o) == nil {
+				if _, err := p.acquire(ctx, o); err == nil {
 					granted <- o
 				}
 			}()
 			synctest.Wait() // queued in this order
 		}
 		for range 4 {
-			p.release(a, 0)
+			p.release(a, &lane{}, 0)
 		}
 		synctest.Wait()
 		held := map[*blobFetch]int{}
@@ -136,14 +137,14 @@ func TestPipeShares(t *testing.T) {
 		// A cancelled waiter takes nothing.
 		cctx, cancel := context.WithCancel(ctx)
 		errc := make(chan error)
-		go func() { errc <- p.acquire(cctx, b) }()
+		go func() { _, err := p.acquire(cctx, b); errc <- err }()
 		synctest.Wait()
 		cancel()
 		if err := <-errc; err == nil {
 			t.Errorf("cancelled acquire: got no error")
 		}
 		for range 4 {
-			p.release(<-func() chan *blobFetch { c := make(chan *blobFetch, 1); c <- a; return c }(), 0)
+			p.release(<-func() chan *blobFetch { c := make(chan *blobFetch, 1); c <- a; return c }(), &lane{}, 0)
 		}
 	})
 }

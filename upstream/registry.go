@@ -41,8 +41,9 @@ type Registry struct {
 	creds     Credentials // nil: anonymous
 	endpoints []*endpoint
 	client    *http.Client // manifests, tokens, HEADs: pooled connections, redirects followed
-	chunks    *http.Client // blob chunks: see newChunkClient
-	dialer    *chunkDialer // chunks' connections; nil with a caller's own RoundTripper
+	chunks    *http.Transport // blob chunks: each lane clones it (see newChunkTransport); nil with a caller's own RoundTripper
+	dialer    *chunkDialer    // chunks' connections; nil with a caller's own RoundTripper
+	ownChunks *http.Client    // with a caller's own RoundTripper: every lane's client
 	fetch     FetchConfig
 	tokens    *tokenCache
 	log       *slog.Logger
@@ -192,10 +193,9 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 	}
 	r.received = o.metrics.blobBytes.WithLabelValues(name)
 	if t, ok := o.transport.(*http.Transport); ok {
-		r.chunks, r.dialer = newChunkClient(t, fetch.FirstByteTimeout, fetch.StallTimeout)
+		r.chunks, r.dialer = newChunkTransport(t, fetch.FirstByteTimeout, fetch.StallTimeout)
 	} else { // a caller's own transport: used as it is
-		r.chunks = &http.Client{Transport: o.transport,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+		r.ownChunks = &http.Client{Transport: o.transport, CheckRedirect: noRedirects}
 	}
 	r.tokens = newTokenCache(r.client)
 	r.buffers.New = func() any { b := make([]byte, fetchBufferSize); return &b }
@@ -214,8 +214,8 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			url:    u,
 			host:   u.Host,
 			region: region,
-			budget: newBudget(fetch, o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
-			pipe: newPipe(fetch.MaxConnections, o.log.With("upstream", name, "endpoint", u.Host),
+			budget: newBudget(fetch, o.log.With("upstream", name, "endpoint", u.Host), o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
+			pipe: newPipe(fetch.MaxConnections, r.newLane, o.log.With("upstream", name, "endpoint", u.Host),
 				o.metrics.connLimit.With(labels), o.metrics.connsInFlight.With(labels)),
 			chunks: o.metrics.chunks.MustCurryWith(labels),
 			up:     o.metrics.endpointUp.With(labels),
@@ -226,6 +226,16 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 	// endpoint's budget. The token cache shares the client.
 	r.client.Transport = r.newMetaTransport(o.transport)
 	return r, nil
+}
+
+// newLane returns a lane for a chunk connection slot: a client of its own
+// over the chunk transport, or over the caller's own transport, whose
+// connections it cannot see.
+func (r *Registry) newLane() *lane {
+	if r.chunks == nil {
+		return &lane{client: r.ownChunks}
+	}
+	return &lane{client: &http.Client{Transport: r.chunks.Clone(), CheckRedirect: noRedirects}, conns: map[dialKey]*chunkConn{}}
 }
 
 // Name returns the upstream's configured name.

@@ -94,8 +94,9 @@ func TestContainerdPullThroughCarrier(t *testing.T) {
 				endpoint = "https://" + path.Addr()
 			}
 			dir := t.TempDir()
-			// Start above the cuts, so that the budget must learn the path.
-			config := fmt.Sprintf("fetch:\n  connection_budget: 4MiB\n  stall_timeout: 1s\n"+
+			// Start above the cuts, so that the budget must learn the path;
+			// few connections, so that each carries chunks past the cuts.
+			config := fmt.Sprintf("fetch:\n  connection_budget: 4MiB\n  max_connections: 8\n  stall_timeout: 1s\n"+
 				"upstreams:\n  - name: %s\n    endpoints: [{url: %q}]\n    ca_file: %q\n", host, endpoint, reg.CAFile())
 			proxy := startProxy(t, "--data-dir", filepath.Join(dir, "data"), "--config", writeConfig(t, config))
 

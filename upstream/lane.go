@@ -1,0 +1,150 @@
+package upstream
+
+import (
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"time"
+)
+
+// A lane is one of an endpoint's chunk connection slots (see pipe), with an
+// HTTP client of its own whose kept-alive connections carry one chunk after
+// another until each has used its byte budget.
+//
+// Chunks and connections are sized apart. A chunk is at most chunkTarget
+// long: it is the unit a blob arrives in, and a client reading the blob in
+// order waits for the chunk at its offset, so chunks much larger than a
+// reading pace arrive out of order and the client (and the hashing before
+// commit) wait for the last of them at the end. A connection carries as many
+// chunks as its budget holds, counted in the bytes it received (handshake and
+// headers included, as a carrier counts them): on a clean path one session
+// carries megabytes, and its set-up and slow start are paid once for them;
+// on a path that cuts sessions at 1.3 MB, each carries one chunk as large as
+// its budget. The next chunk on a connection is sized to what its budget
+// has left, so no session is asked to go past it.
+//
+// A lane sends one request at a time, so its client holds at most one
+// connection per host, and the lane knows, from the last answer, which
+// connection the next request to that host goes out on and how much it
+// carried. It does not follow connections it did not see answer a chunk (a
+// registry's connection that only redirected): those carry little.
+type lane struct {
+	client *http.Client
+	conns  map[dialKey]*chunkConn // nil: the caller's own transport, whose connections are not seen
+}
+
+const (
+	// chunkTarget is the size of a chunk where the connection's budget
+	// allows more: a 64 MB/s path delivers it in 16 ms, and a client reading
+	// in order sees the blob stream in steadily.
+	chunkTarget = 1 << 20
+	// minChunk: a connection with less budget left than this is retired
+	// rather than asked for a short chunk, which would cost a round trip of
+	// its own for little.
+	minChunk = chunkTarget / 2
+)
+
+// chunkPlan is how the next chunk on a lane is to be fetched.
+type chunkPlan struct {
+	size  int64      // bytes to ask for, at most
+	room  int64      // bytes the connection may still carry: a gap's short rest may join the chunk up to this
+	probe *probeConn // a probe for the connection the chunk opens, or nil
+	last  bool       // the chunk uses up its connection: warm the next one up
+}
+
+// plan sizes the next chunk to u, an address of ep or its redirect target:
+// on the connection the lane holds to it while its budget has room, else
+// on a new one, which may be a probe of a larger budget.
+func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
+	if l.conns == nil {
+		b := ep.budget.get()
+		return chunkPlan{size: b, room: b}
+	}
+	key := keyOf(u)
+	if c := l.conns[key]; c != nil {
+		if !c.retired.Load() {
+			left := c.allowance(ep) - c.read.Load()
+			if left >= minChunk {
+				size := chunkSize(left)
+				return chunkPlan{size: size, room: left, last: left-size < minChunk}
+			}
+			l.retire(c)
+		}
+		delete(l.conns, key)
+	}
+	allowance, probe := ep.budget.next(time.Now())
+	p := chunkPlan{size: chunkSize(allowance), room: allowance}
+	p.last = allowance-p.size < minChunk
+	if probe {
+		p.probe = &probeConn{budget: ep.budget, allowance: allowance}
+	}
+	return p
+}
+
+// chunkSize is the chunk to ask for on a connection with left bytes of
+// budget: all of it when that is not much more than chunkTarget (a
+// remainder too small for a chunk of its own goes with this one), else
+// chunkTarget.
+func chunkSize(left int64) int64 {
+	if left <= chunkTarget+minChunk {
+		return left
+	}
+	return chunkTarget
+}
+
+// retire closes c, which has used its budget: a probe it carried won.
+func (l *lane) retire(c *chunkConn) {
+	c.retired.Store(true)
+	if c.probe != nil {
+		c.probe.won(c.read.Load())
+	}
+	c.Close()
+}
+
+// answered notes the connection that carried the answer to req.
+func (l *lane) answered(req *http.Request, c *chunkConn) {
+	if l.conns == nil || c == nil || req == nil {
+		return
+	}
+	l.conns[keyOf(req.URL)] = c
+}
+
+// allowance is how many bytes c may carry: its probe's allowance, or its
+// endpoint's budget now.
+func (c *chunkConn) allowance(ep *endpoint) int64 {
+	if c.probe != nil {
+		return c.probe.allowance
+	}
+	return ep.budget.get()
+}
+
+func keyOf(u *url.URL) dialKey {
+	return dialKey{secure: u.Scheme == "https", addr: hostPort(u.Scheme, u.Host)}
+}
+
+// chunkTrace remembers the chunk connections a request went out on: net/http
+// may send it on more than one when a reused connection fails before a byte
+// of the request is written, and a redirect's second request goes on
+// another. The last is the one that carried the answer. Each is marked in
+// use until done.
+type chunkTrace struct {
+	conn *chunkConn
+	used []*chunkConn
+}
+
+func (t *chunkTrace) trace() *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+		t.conn = asChunkConn(info.Conn)
+		if t.conn != nil {
+			t.conn.inUse.Store(true)
+			t.used = append(t.used, t.conn)
+		}
+	}}
+}
+
+// done ends the request on every connection it used.
+func (t *chunkTrace) done() {
+	for _, c := range t.used {
+		c.done()
+	}
+}
