@@ -40,7 +40,7 @@ type Registry struct {
 	name      string
 	creds     Credentials // nil: anonymous
 	endpoints []*endpoint
-	client    *http.Client // manifests, tokens, HEADs: pooled connections, redirects followed
+	client    *http.Client    // manifests, tokens, HEADs: pooled connections, redirects followed
 	chunks    *http.Transport // blob chunks: each lane clones it (see newChunkTransport); nil with a caller's own RoundTripper
 	dialer    *chunkDialer    // chunks' connections; nil with a caller's own RoundTripper
 	ownChunks *http.Client    // with a caller's own RoundTripper: every lane's client
