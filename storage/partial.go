@@ -53,7 +53,7 @@ type Partial struct {
 	hashMu sync.Mutex
 	hasher hash.Hash
 	hashed atomic.Int64 // written under hashMu; read without it
-	buf    []byte       // catch-up buffer for hashing bytes written out of order
+	buf    []byte       // catch-up buffer for hashing bytes written out of order, where hashFile needs one
 
 	// A resumed download's hash of [0, resumedHashed) comes from the record,
 	// not from the file; Commit checks the file still holds those bytes.
@@ -284,21 +284,21 @@ func (p *Partial) catchUpHash() error {
 	return nil
 }
 
-// hashToLocked hashes the file from the hashed prefix up to prefix.
+// hashToLocked hashes the file from the hashed prefix up to prefix, a
+// window at a time, so that the prefix others see advances as it goes.
 func (p *Partial) hashToLocked(prefix int64) error {
 	for h := p.hashed.Load(); h < prefix; h = p.hashed.Load() {
-		if p.buf == nil {
-			p.buf = make([]byte, 256<<10)
-		}
-		n := min(int64(len(p.buf)), prefix-h)
-		if _, err := p.f.ReadAt(p.buf[:n], h); err != nil {
+		n := min(hashWindow, prefix-h)
+		if err := hashFile(p.hasher, p.f, h, n, &p.buf); err != nil {
 			return fmt.Errorf("hashing %s at %d: %w", p.digest, h, err)
 		}
-		p.hasher.Write(p.buf[:n])
 		p.hashed.Store(h + n)
 	}
 	return nil
 }
+
+// hashWindow is the most hashToLocked hashes before it moves the prefix.
+const hashWindow = 4 << 20
 
 // Missing returns the first range at or after off not yet written, as
 // [start, end); start == end when nothing is missing or the size is unknown.

@@ -98,8 +98,11 @@ const (
 	// growAfter probes completed in a row at twice the budget adopt it.
 	growAfter = 8
 	// cleanProbes is how many probes may be in flight on a path with no
-	// recent cut.
-	cleanProbes = 4
+	// recent cut: at least growAfter, so that one wave of probes can grow
+	// the budget. A probe costs little even where the path does cut: its
+	// connection's bytes are kept, and the rest of its chunk is asked for
+	// again.
+	cleanProbes = 16
 	// cutMemory is how long a cut point counts.
 	cutMemory = 10 * time.Minute
 	// cutSamples is how many recent cut points are kept.

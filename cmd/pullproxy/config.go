@@ -32,6 +32,10 @@ type fileConfig struct {
 	DefaultUpstream string           `yaml:"default_upstream"`
 	Fetch           fetchConfig      `yaml:"fetch"`
 	Upstreams       []upstreamConfig `yaml:"upstreams"`
+
+	// CPUProfile is a file to write a CPU profile of the whole run to: a
+	// flag only, for finding where a benchmark's CPU goes.
+	CPUProfile string `yaml:"-"`
 }
 
 // fetchConfig tunes blob fetching; zero values take upstream.FetchConfig's defaults.

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -90,6 +91,7 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	dataDir := fs.String("data-dir", "", "directory for blobs and metadata (default ./data)")
 	configPath := fs.String("config", "", "YAML configuration file")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (default info)")
+	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the run to this file, for go tool pprof")
 	var ups upstreamFlags
 	fs.Var(&ups, "upstream", "NAME=URL[,URL...]: mirror registry NAME from these endpoints (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -113,6 +115,7 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	if *logLevel != "" {
 		cfg.LogLevel = *logLevel
 	}
+	cfg.CPUProfile = *cpuProfile
 	cfg.Upstreams = withDefaultUpstreams(mergeUpstreams(cfg.Upstreams, ups))
 	return cfg, cfg.validate()
 }
@@ -140,6 +143,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	log, err := newLogger(cfg, stderr)
 	if err != nil {
 		return err
+	}
+	if cfg.CPUProfile != "" {
+		stop, err := startCPUProfile(cfg.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 
 	reg := prometheus.NewRegistry()
@@ -232,4 +242,20 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		log.Warn("connections still open at shutdown were closed", "err", err)
 	}
 	return nil
+}
+
+// startCPUProfile profiles the process's CPU into path until stop.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

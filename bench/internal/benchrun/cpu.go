@@ -49,6 +49,31 @@ func ReadCPUTime(pids ...int) (CPUTime, error) {
 	return t, nil
 }
 
+// ReadMachineCPU returns the CPU time the whole machine spent busy, all
+// CPUs, in seconds: /proc/stat's user, nice, system, irq, softirq and steal
+// (not idle or iowait). Its difference over a window counts work done for a
+// process in kernel threads too, such as writing its dirty pages to disk.
+func ReadMachineCPU() (float64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, fmt.Errorf("reading machine CPU time: %w", err)
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, fmt.Errorf("reading machine CPU time: unexpected /proc/stat line %q", line)
+	}
+	var ticks int64
+	for _, i := range []int{1, 2, 3, 6, 7, 8} { // user nice system [idle iowait] irq softirq steal
+		n, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("reading machine CPU time: unexpected /proc/stat line %q", line)
+		}
+		ticks += n
+	}
+	return float64(ticks) / clockTicks(), nil
+}
+
 // Children returns the ids of pid's child processes (nginx's workers).
 func Children(pid int) []int {
 	entries, err := os.ReadDir("/proc")
