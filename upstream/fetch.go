@@ -93,6 +93,7 @@ type blobFetch struct {
 	sizing    bool          // size unknown: a worker is fetching the first chunk
 	sized     chan struct{} // with sizing: closed when that chunk is released
 	failures  int           // attempts in a row without a new byte
+	stopped   bool          // a chunk failed for good: nothing more is claimed
 	warned    bool          // the size disagreement was logged
 }
 
@@ -214,6 +215,9 @@ func (f *blobFetch) worker(ctx context.Context) error {
 		}
 		start := time.Now()
 		n, err := f.fetchChunk(ctx, l, c, plan)
+		if err != nil && !errors.Is(err, ErrUnavailable) {
+			f.stop() // before the chunk is free to claim again: asking again would not help
+		}
 		f.release(c)
 		pipe.release(f, l, time.Since(start))
 		if err == nil {
@@ -270,6 +274,8 @@ func (f *blobFetch) claim(size, room int64) (chunk, bool, <-chan struct{}) {
 	defer f.mu.Unlock()
 	blobSize := f.w.Size()
 	switch {
+	case f.stopped:
+		return chunk{}, false, nil
 	case blobSize < 0:
 		if f.sizing {
 			return chunk{}, false, f.sized
@@ -345,6 +351,14 @@ func (f *blobFetch) release(c chunk) {
 			break
 		}
 	}
+}
+
+// stop ends the claiming of chunks: one failed in a way that asking again
+// would not change.
+func (f *blobFetch) stop() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stopped = true
 }
 
 // progress resets the count of fruitless attempts; failed adds one and

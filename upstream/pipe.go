@@ -54,7 +54,9 @@ type pipe struct {
 	lastRate  float64 // goodput of the last saturated window, bytes/s
 	lastAt    time.Time
 	stepped   bool // the limit grew at the end of the last window, from stepFrom
+	shrank    bool // the limit shrank at the end of the last window, from stepFrom
 	stepFrom  int
+	trimming  bool      // the path was found full: fewer connections are tried while it stays full
 	holdUntil time.Time // no growth before
 }
 
@@ -80,6 +82,9 @@ const (
 	minWindow, maxWindow = 200 * time.Millisecond, 5 * time.Second
 	// staleRate: a goodput older than this says nothing about the path now.
 	staleRate = time.Minute
+	// trimKeep: fewer connections are kept while the goodput stays above
+	// this share of what more connections had.
+	trimKeep = 0.95
 )
 
 func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
@@ -210,17 +215,38 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 	if now.Sub(p.lastAt) > staleRate {
 		p.lastRate = 0
 	}
-	prevRate, grew := p.lastRate, p.stepped
-	p.lastRate, p.lastAt, p.stepped = rate, now, false
+	prevRate, grew, shrank := p.lastRate, p.stepped, p.shrank
+	p.lastRate, p.lastAt, p.stepped, p.shrank = rate, now, false, false
 	switch {
 	case grew && prevRate > 0 && rate < prevRate*1.1:
 		// The last step brought nothing: the path is full. Take it back
-		// (fewer sessions for the same goodput) and hold.
+		// (fewer sessions for the same goodput), hold, and see whether
+		// fewer still keep it full.
 		p.setLimitLocked(p.stepFrom)
 		p.holdUntil = now.Add(growthHold)
+		p.trimming = true
 		return "goodput did not rise: the path is full", rate
-	case now.Before(p.holdUntil) || p.limit >= p.max:
+	case shrank && prevRate > 0 && rate < prevRate*trimKeep:
+		// Too few now: back to the last limit that kept the path full.
+		p.setLimitLocked(p.stepFrom)
+		p.trimming = false
+		p.holdUntil = now.Add(growthHold)
+		return "goodput fell with fewer connections", rate
+	case p.trimming && p.limit > minConnections:
+		// Each connection costs CPU at both ends (set-up, wake-ups, small
+		// reads); a short path stays full with a few.
+		p.stepFrom, p.shrank = p.limit, true
+		p.setLimitLocked(min(p.limit-1, p.limit*3/4))
+		return "the path stays full: trying fewer connections", rate
+	case now.Before(p.holdUntil):
 		return "", rate
+	case p.limit >= p.max:
+		// As many as allowed, and no telling whether the path is full:
+		// whether fewer keep the goodput is worth a window.
+		p.trimming = true
+		p.stepFrom, p.shrank = p.limit, true
+		p.setLimitLocked(min(p.limit-1, p.limit*3/4))
+		return "at the ceiling: trying fewer connections", rate
 	case !grew || prevRate == 0:
 		// Nothing to compare with: a step, judged next window, and taken
 		// back if it brought nothing. A bold one: filling a long path
@@ -272,7 +298,7 @@ func (p *pipe) failed(kind int) {
 			p.log.Debug("chunk connection limit lowered", "from", from, "to", to, "why", failureNames[kind])
 		}
 	}()
-	p.stepped = false
+	p.stepped, p.shrank = false, false
 	switch kind {
 	case pipeCut:
 		p.setLimitLocked(p.limit - 1)

@@ -25,10 +25,11 @@ func printTable(w io.Writer, rep report) {
 	fmt.Fprintf(w, "Cold fetch of %d blobs, %.1f MiB, each once with curl, %d at a time, through the mirror; "+
 		"a clean %.0f MB/s path from the mirror to its upstream. CPU time of the mirror process (all threads, "+
 		"/proc/PID/stat) from the first request until it is quiet after the last response. "+
-		"Machine CPU is the whole machine's busy time (/proc/stat) over the same window, closed by a sync: it "+
-		"also counts work done for the mirror in kernel threads, such as writing its bytes to disk, which a "+
-		"mirror that never syncs leaves to them; and the curl client, the registry and the path, the same "+
-		"bytes for every mirror. Runs per mirror: %d; worst is the largest run, per column.\n\n",
+		"Machine CPU is the whole machine's busy time (/proc/stat) over the same window, closed by a sync, less "+
+		"cpubench's own process (the upstream registry and the path, whose cost follows the number of requests "+
+		"a mirror makes): it also counts work done for the mirror in kernel threads, such as writing its bytes "+
+		"to disk, which a mirror that never syncs leaves to them, and the curl client, the same for every mirror. "+
+		"Runs per mirror: %d; worst is the largest run, per column.\n\n",
 		rep.Blobs, float64(rep.BlobBytes)/mib, cfg.Parallel, float64(cfg.Bandwidth)/1e6, cfg.Runs)
 	fmt.Fprintln(w, "| mirror | user s, median | sys s, median | total CPU s, median | user s, worst | sys s, worst "+
 		"| total CPU s, worst | machine CPU s, median | machine CPU s, worst | wall s, median | upstream connections, median | note |")
