@@ -20,7 +20,12 @@ import (
 // over windows of a chunk lifetime and a half: the limit doubles, and goes
 // on doubling while goodput grows in proportion (by a quarter when it grows
 // less); once a step brings no more goodput it is taken back and the limit
-// holds until growthHold has passed, then tries again. A regular chunk cut
+// holds until growthHold has passed, then tries again. A path found full
+// (or a limit at its ceiling) is then trimmed: a quarter fewer connections
+// each window while the goodput stays within trimKeep of the full path's,
+// the last step taken back once it does not; not on a path that cut or
+// stalled a session in the last staleRate. Each connection costs CPU at
+// both ends, and a short path stays full with a few. A regular chunk cut
 // (the path cutting below the budget) takes one connection off, one that
 // stalls a quarter, 429 and 503 (the upstream asking for less) a half, the
 // last two with a pause in growth. A probe chunk's cut or stall leaves the
@@ -54,9 +59,12 @@ type pipe struct {
 	lastRate  float64 // goodput of the last saturated window, bytes/s
 	lastAt    time.Time
 	stepped   bool // the limit grew at the end of the last window, from stepFrom
-	shrank    bool // the limit shrank at the end of the last window, from stepFrom
+	shrank    bool // the limit shrank, from stepFrom, and is to be judged
+	settled   bool // with shrank: a window has passed since, the next is judged
 	stepFrom  int
 	trimming  bool      // the path was found full: fewer connections are tried while it stays full
+	fullRate  float64   // with trimming: the goodput of the full path, which fewer connections must keep
+	failedAt  time.Time // the last cut, stall or 429/503: no trimming for staleRate after
 	holdUntil time.Time // no growth before
 }
 
@@ -84,7 +92,7 @@ const (
 	staleRate = time.Minute
 	// trimKeep: fewer connections are kept while the goodput stays above
 	// this share of what more connections had.
-	trimKeep = 0.95
+	trimKeep = 0.97
 )
 
 func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
@@ -224,29 +232,34 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 		// fewer still keep it full.
 		p.setLimitLocked(p.stepFrom)
 		p.holdUntil = now.Add(growthHold)
-		p.trimming = true
+		p.startTrimLocked()
 		return "goodput did not rise: the path is full", rate
-	case shrank && prevRate > 0 && rate < prevRate*trimKeep:
+	case (p.trimming && p.fullRate == 0 || shrank) && !p.settled:
+		// The first window after a change still has the connections above
+		// the new limit draining: judge the next.
+		p.shrank, p.settled = shrank, true
+		return "", rate
+	case p.trimming && p.fullRate == 0:
+		// The full path's goodput, settled: what fewer must keep.
+		p.fullRate = rate
+		p.trimLocked()
+		return "the path is full: trying fewer connections", rate
+	case shrank && rate < p.fullRate*trimKeep:
 		// Too few now: back to the last limit that kept the path full.
 		p.setLimitLocked(p.stepFrom)
 		p.trimming = false
 		p.holdUntil = now.Add(growthHold)
 		return "goodput fell with fewer connections", rate
 	case p.trimming && p.limit > minConnections:
-		// Each connection costs CPU at both ends (set-up, wake-ups, small
-		// reads); a short path stays full with a few.
-		p.stepFrom, p.shrank = p.limit, true
-		p.setLimitLocked(min(p.limit-1, p.limit*3/4))
+		p.trimLocked()
 		return "the path stays full: trying fewer connections", rate
 	case now.Before(p.holdUntil):
 		return "", rate
-	case p.limit >= p.max:
+	case p.limit >= p.max && !p.trimming:
 		// As many as allowed, and no telling whether the path is full:
-		// whether fewer keep the goodput is worth a window.
-		p.trimming = true
-		p.stepFrom, p.shrank = p.limit, true
-		p.setLimitLocked(min(p.limit-1, p.limit*3/4))
-		return "at the ceiling: trying fewer connections", rate
+		// whether fewer keep its goodput is worth a few windows.
+		p.startTrimLocked()
+		return "", rate
 	case !grew || prevRate == 0:
 		// Nothing to compare with: a step, judged next window, and taken
 		// back if it brought nothing. A bold one: filling a long path
@@ -263,6 +276,23 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 		p.growLocked(step)
 		return "goodput rose with the limit", rate
 	}
+}
+
+// startTrimLocked starts trimming: the next settled window measures the
+// full path's goodput, then the limit steps down.
+func (p *pipe) startTrimLocked() {
+	if time.Since(p.failedAt) < staleRate {
+		return
+	}
+	p.trimming, p.fullRate, p.settled, p.shrank = true, 0, false, false
+}
+
+// trimLocked takes a quarter of the connections off, to be judged after a
+// settling window. Each connection costs CPU at both ends (set-up,
+// wake-ups, small reads), and a short path stays full with a few.
+func (p *pipe) trimLocked() {
+	p.stepFrom, p.shrank, p.settled = p.limit, true, false
+	p.setLimitLocked(min(p.limit-1, p.limit*3/4))
 }
 
 func (p *pipe) growLocked(step int) {
@@ -299,6 +329,10 @@ func (p *pipe) failed(kind int) {
 		}
 	}()
 	p.stepped, p.shrank = false, false
+	// A path that cuts or stalls sessions is not trimmed: its connections
+	// are short whatever the limit, so fewer at once save little, and its
+	// goodput is too uneven to judge a step by.
+	p.trimming, p.failedAt = false, now
 	switch kind {
 	case pipeCut:
 		p.setLimitLocked(p.limit - 1)
