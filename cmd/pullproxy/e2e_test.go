@@ -119,6 +119,19 @@ func (p *proxyProcess) logged() string {
 	return p.log.String()
 }
 
+// loggedWithin reports whether the process logs s within d: info lines
+// reach its stderr in batches (see logBuffer).
+func (p *proxyProcess) loggedWithin(s string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for !strings.Contains(p.logged(), s) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
 // startProxy runs `pullproxy serve` with args on a free loopback port and
 // returns once it serves. The test's cleanup stops it.
 func startProxy(t *testing.T, args ...string) *proxyProcess {

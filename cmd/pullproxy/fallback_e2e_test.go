@@ -98,7 +98,7 @@ func TestContainerdFallsBackWhenUpstreamRefusesBlob(t *testing.T) {
 	if got["GET blobs"] != 1 {
 		t.Errorf("blob GETs from the fallback server: got %d, want 1 (the refused layer only)", got["GET blobs"])
 	}
-	if !strings.Contains(p.logged(), "refused with 404") {
+	if !p.loggedWithin("refused with 404", 5*time.Second) {
 		t.Errorf("pullproxy's log does not give the upstream's reason for the refusal")
 	}
 }

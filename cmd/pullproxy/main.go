@@ -140,10 +140,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(cfg, stderr)
+	logOut := newLogBuffer(stderr)
+	defer logOut.Close()
+	log, err := newLogger(cfg, logOut)
 	if err != nil {
 		return err
 	}
+	log = slog.New(flushingHandler{log.Handler(), logOut})
 	if cfg.CPUProfile != "" {
 		stop, err := startCPUProfile(cfg.CPUProfile)
 		if err != nil {
