@@ -868,11 +868,12 @@ func TestBudget(t *testing.T) {
 		}
 		checkNext(t, b, t0, mib, false) // cleanProbes at a time on a clean path
 		check(t, "a chunk that is no probe", b.completed(mib, false), 0)
-		for range cleanProbes - 1 { // at least growAfter: one wave grows the budget
-			check(t, "a probe completes with others in flight", b.completed(2*mib, true), 0)
+		for range cleanProbes {
+			check(t, "a probe completes", b.completed(2*mib, true), 0)
 		}
+		check(t, "probes short of growAfter", probes(t, b, growAfter-cleanProbes-1, t0), 0)
 		check(t, "budget", b.get(), mib)
-		check(t, "the last probe in flight completes", b.completed(2*mib, true), 2*mib)
+		check(t, "the growAfter-th probe", probes(t, b, 1, t0), 2*mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), 2*mib)
 		check(t, "growAfter more", probes(t, b, growAfter, t0), 4*mib)
 		checkNext(t, b, t0, 4*mib, false) // at MaxBudget

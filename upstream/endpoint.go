@@ -98,11 +98,10 @@ const (
 	// growAfter probes completed in a row at twice the budget adopt it.
 	growAfter = 8
 	// cleanProbes is how many probes may be in flight on a path with no
-	// recent cut: at least growAfter, so that one wave of probes can grow
-	// the budget. A probe costs little even where the path does cut: its
-	// connection's bytes are kept, and the rest of its chunk is asked for
-	// again.
-	cleanProbes = 16
+	// recent cut. A few: on a path that does cut, each probe above the
+	// cut-off is a session cut, and a re-request that pays set-up and slow
+	// start again.
+	cleanProbes = 4
 	// cutMemory is how long a cut point counts.
 	cutMemory = 10 * time.Minute
 	// cutSamples is how many recent cut points are kept.

@@ -644,9 +644,9 @@ func (f *blobFetch) unclaimed() bool {
 var errStore = errors.New("store")
 
 // copyBody writes body to [start, end) of the blob, returning the bytes
-// written. It gathers at least minWrite bytes per write where the body has
-// them: a TLS body arrives 16 KiB at a time, and each write wakes readers.
-// Near the end it starts ahead's warm-up.
+// written. It gathers up to a buffer's worth per write (see gather): a TLS
+// body arrives 16 KiB at a time, and each write is a syscall and wakes the
+// blob's readers. Near the end it starts ahead's warm-up.
 func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int64, ahead *warmup) (int64, error) {
 	bufp := f.r.buffers.Get().(*[]byte)
 	defer f.r.buffers.Put(bufp)
@@ -656,7 +656,7 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 	off := start
 	for off < end {
 		want := min(int64(len(buf)), end-off)
-		n, err := io.ReadAtLeast(body, buf[:want], int(min(want, minWrite)))
+		n, err := gather(body, buf[:want])
 		if n > 0 {
 			if _, werr := f.w.WriteAt(buf[:n], off); werr != nil {
 				return off - start, fmt.Errorf("%w: %w", errStore, werr)
@@ -685,8 +685,35 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 	return off - start, nil
 }
 
-// minWrite is the least copyBody gathers before writing, body permitting.
-const minWrite = 64 << 10
+// gather reads from body into buf until buf is full, the body ends or
+// fails, or gatherFor has passed since the first byte: bytes are written
+// in large pieces on a fast connection (at 64 KiB, the fetch of a 600 MiB
+// image cost 0.3 s more CPU than at 256 KiB; cpubench), and without delay
+// on a slow one, such as a session still in slow start across a long path,
+// whose reader would otherwise wait for a buffer's worth.
+func gather(body io.Reader, buf []byte) (int, error) {
+	var first time.Time
+	n := 0
+	for n < len(buf) {
+		m, err := body.Read(buf[n:])
+		n += m
+		if err != nil {
+			if err == io.EOF && n > 0 {
+				err = nil // the caller learns of the end on its next read
+			}
+			return n, err
+		}
+		if m > 0 && first.IsZero() {
+			first = time.Now()
+		} else if n > 0 && time.Since(first) >= gatherFor {
+			break
+		}
+	}
+	return n, nil
+}
+
+// gatherFor bounds how long gather holds received bytes before writing.
+const gatherFor = 5 * time.Millisecond
 
 // cutKind names how a connection died, for metrics and logs.
 func cutKind(err error) string {

@@ -24,8 +24,9 @@ import (
 // (or a limit at its ceiling) is then trimmed: a quarter fewer connections
 // each window while the goodput stays within trimKeep of the full path's,
 // the last step taken back once it does not; not on a path that cut or
-// stalled a session in the last staleRate. Each connection costs CPU at
-// both ends, and a short path stays full with a few. A regular chunk cut
+// stalled a session in the last staleRate, nor on a long path (see
+// shortLocked). Each connection costs CPU at both ends, and a short path
+// stays full with a few. A regular chunk cut
 // (the path cutting below the budget) takes one connection off, one that
 // stalls a quarter, 429 and 503 (the upstream asking for less) a half, the
 // last two with a pause in growth. A probe chunk's cut or stall leaves the
@@ -40,6 +41,7 @@ type pipe struct {
 	log      *slog.Logger
 	max      int
 	newLane  func() *lane
+	setup    func() time.Duration // how long opening a connection to the endpoint takes lately; nil or 0: unknown
 	limitG   prometheus.Gauge
 	flightG  prometheus.Gauge
 	received atomic.Int64 // chunk bytes received from the endpoint, ever
@@ -93,6 +95,9 @@ const (
 	// trimKeep: fewer connections are kept while the goodput stays above
 	// this share of what more connections had.
 	trimKeep = 0.97
+	// trimMaxSetup: a path whose connections take longer to open is not
+	// trimmed.
+	trimMaxSetup = 20 * time.Millisecond
 )
 
 func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
@@ -281,10 +286,23 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 // startTrimLocked starts trimming: the next settled window measures the
 // full path's goodput, then the limit steps down.
 func (p *pipe) startTrimLocked() {
-	if time.Since(p.failedAt) < staleRate {
+	if time.Since(p.failedAt) < staleRate || !p.shortLocked() {
 		return
 	}
 	p.trimming, p.fullRate, p.settled, p.shrank = true, 0, false, false
+}
+
+// shortLocked reports whether the path is short: a connection opens within
+// trimMaxSetup. Only a short path is trimmed. On a long one connections are
+// what covers the bandwidth-delay product, a window holds few chunk
+// lifetimes to judge a step by, and a step down that was wrong costs
+// seconds of goodput to find out and undo (3% of a pull at 100 ms).
+func (p *pipe) shortLocked() bool {
+	if p.setup == nil {
+		return false
+	}
+	d := p.setup()
+	return d > 0 && d < trimMaxSetup
 }
 
 // trimLocked takes a quarter of the connections off, to be judged after a

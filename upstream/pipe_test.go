@@ -10,9 +10,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// newTestPipe returns a pipe to an endpoint whose connections open in a
+// millisecond: a short path, which may be trimmed.
 func newTestPipe(maxConns int) *pipe {
-	return newPipe(maxConns, func() *lane { return &lane{} }, discardLogger, prometheus.NewGauge(prometheus.GaugeOpts{Name: "limit"}),
+	p := newPipe(maxConns, func() *lane { return &lane{} }, discardLogger, prometheus.NewGauge(prometheus.GaugeOpts{Name: "limit"}),
 		prometheus.NewGauge(prometheus.GaugeOpts{Name: "in_flight"}))
+	p.setup = func() time.Duration { return time.Millisecond }
+	return p
 }
 
 // simulatePath runs workers of one blob through p for d on a path where one
@@ -58,23 +62,28 @@ func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64,
 // 1 MB/s and the link 64 MB/s, the limit grows from its start towards the
 // 64 connections that fill the link; on a short one, where 4 connections
 // fill it (or 16), a step that brings nothing is taken back, and the limit
-// then shrinks towards the few that keep the link full.
+// then shrinks towards the few that keep the link full, unless connections
+// take long to open (a long path).
 func TestPipeGrowsToFillThePath(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name     string
 		perConn  float64
-		min, max int // the limit after a minute
+		setup    time.Duration // to open a connection
+		min, max int           // the limit after a minute
 	}{
-		{"long path", 1e6, 60, 64},
-		{"medium path", 4e6, 16, 32},
-		{"short path", 16e6, 4, 8},
+		{"long path", 1e6, time.Millisecond, 60, 64},
+		{"medium path", 4e6, time.Millisecond, 16, 32},
+		{"short path", 16e6, time.Millisecond, 4, 8},
+		{"few connections fill a path with long set-up: not trimmed", 16e6, 200 * time.Millisecond,
+			initialConnections, initialConnections},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
 				p := newTestPipe(64)
+				p.setup = func() time.Duration { return tt.setup }
 				simulatePath(t, p, 100, tt.perConn, 64e6, 1<<20, time.Minute)
 				if got := p.current(); got < tt.min || got > tt.max {
 					t.Errorf("limit after a minute: got %v, want %v to %v", got, tt.min, tt.max)

@@ -220,7 +220,12 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			chunks: o.metrics.chunks.MustCurryWith(labels),
 			up:     o.metrics.endpointUp.With(labels),
 		})
-		r.endpoints[len(r.endpoints)-1].up.Set(1)
+		ep := r.endpoints[len(r.endpoints)-1]
+		ep.up.Set(1)
+		if r.dialer != nil {
+			key := keyOf(u)
+			ep.pipe.setup = func() time.Duration { return r.dialer.setupTime(key) }
+		}
 	}
 	// Set once the endpoints are known: it holds each connection to its
 	// endpoint's budget. The token cache shares the client.
