@@ -713,7 +713,7 @@ func gather(body io.Reader, buf []byte) (int, error) {
 }
 
 // gatherFor bounds how long gather holds received bytes before writing.
-const gatherFor = 5 * time.Millisecond
+const gatherFor = 20 * time.Millisecond
 
 // cutKind names how a connection died, for metrics and logs.
 func cutKind(err error) string {
