@@ -336,6 +336,14 @@ func (p *Partial) Written() int64 {
 // moves it into the store. On failure the download is failed with the reason.
 func (p *Partial) Commit(ctx context.Context) error {
 	p.background.Wait()
+	// Every byte is in: record that before the hashing and the sync of the
+	// whole file, which take a while, so that a crash meanwhile costs
+	// nothing of the download.
+	if p.unsavedBytes() > 0 {
+		if err := p.checkpoint(); err != nil {
+			p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
+		}
+	}
 	if err := p.verify(); err != nil {
 		p.Fail(err)
 		return err
