@@ -42,11 +42,11 @@ const fetchBufferSize = 256 << 10
 
 // FetchBlob writes blob d of repo into w as HTTP Range requests (chunks),
 // several at once, on connections that each carry at most the endpoint's
-// connection budget (see lane). A chunk cut short is re-requested from its first missing byte; an
-// endpoint that keeps failing is left for the next one. It returns the
-// endpoint (as Endpoints names it) that completed the blob. The digest is
-// not checked here: w's owner does that once every byte is in, and reports
-// a mismatch with ReportCorrupt.
+// connection budget (see lane). A chunk cut short is re-requested from its
+// first missing byte; an endpoint that keeps failing is left for the next
+// one. It returns the endpoint (as Endpoints names it) that completed the
+// blob. The digest is not checked here: w's owner does that once every
+// byte is in, and reports a mismatch with ReportCorrupt.
 func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter) (string, error) {
 	eps, err := r.usableFor(repo, d)
 	if err != nil {
