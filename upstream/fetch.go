@@ -281,6 +281,9 @@ func (f *blobFetch) claim(size, room int64) (chunk, bool, <-chan struct{}) {
 			return chunk{}, false, f.sized
 		}
 		f.sizing, f.sized = true, make(chan struct{})
+		// Claimed like any chunk: the size is known as soon as its answer
+		// comes, and a worker that claims then must not ask for it again.
+		f.inflight = append(f.inflight, span{0, size})
 		return chunk{start: 0, end: size}, true, nil
 	case f.noRange:
 		if f.streaming {
