@@ -132,13 +132,19 @@ type chunkTrace struct {
 	used []*chunkConn
 }
 
+// trace returns the hooks that record the connections. The context a chunk
+// is fetched under also carries the requests made for it on other clients
+// (a token, an ECR credential), some from goroutines of their own: their
+// connections are not chunk connections, and are left alone.
 func (t *chunkTrace) trace() *httptrace.ClientTrace {
 	return &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
-		t.conn = asChunkConn(info.Conn)
-		if t.conn != nil {
-			t.conn.inUse.Store(true)
-			t.used = append(t.used, t.conn)
+		c := asChunkConn(info.Conn)
+		if c == nil {
+			return
 		}
+		c.inUse.Store(true)
+		t.conn = c
+		t.used = append(t.used, c)
 	}}
 }
 
