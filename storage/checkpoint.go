@@ -68,7 +68,6 @@ func (p *Partial) maybeCheckpoint(n int) {
 	p.background.Add(1)
 	go func() {
 		defer p.background.Done()
-		defer p.checkpointing.Store(false)
 		// Bytes written while a checkpoint ran may make another due at once,
 		// with no later write to notice: the last MiB of a blob would wait
 		// for its commit, and a crash before that would lose them.
@@ -76,16 +75,29 @@ func (p *Partial) maybeCheckpoint(n int) {
 			if err := p.checkpoint(); err != nil {
 				// Not fatal: the download goes on, a crash would just cost more.
 				p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
+				p.checkpointing.Store(false)
 				return
 			}
-			p.mu.Lock()
-			due := p.dueLocked() && p.committed == "" && p.err == nil
-			p.mu.Unlock()
-			if !due {
+			if p.checkpointDue() {
+				continue
+			}
+			p.checkpointing.Store(false)
+			// A write that found this checkpoint still running after the
+			// check above left its own to it: look again, now that it
+			// could have started one.
+			if !p.checkpointDue() || !p.checkpointing.CompareAndSwap(false, true) {
 				return
 			}
 		}
 	}()
+}
+
+// checkpointDue reports whether another checkpoint is due for a download
+// still under way.
+func (p *Partial) checkpointDue() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dueLocked() && p.committed == "" && p.err == nil
 }
 
 // unsavedBytes returns how many bytes were written since the last
