@@ -43,7 +43,11 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 			} else {
 				vals[2] = strconv.FormatInt(size, 10)
 				h["Content-Length"] = vals[2:3:3]
-				sendStored(w, r, f, size)
+				if sendStored(w, r, f, size) {
+					if rw, ok := w.(*responseRecorder); ok {
+						rw.whole = true
+					}
+				}
 			}
 			f.Close()
 			s.accesses.note(d)
@@ -74,11 +78,12 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 
 // sendStored answers a plain GET or HEAD of a stored blob of size bytes,
 // its headers, Content-Length included, already set: what
-// http.ServeContent would send, without its seeks and checks.
-func sendStored(w http.ResponseWriter, r *http.Request, f *os.File, size int64) {
+// http.ServeContent would send, without its seeks and checks. It reports
+// whether the whole response was sent.
+func sendStored(w http.ResponseWriter, r *http.Request, f *os.File, size int64) bool {
 	w.WriteHeader(http.StatusOK)
 	if r.Method == http.MethodHead {
-		return
+		return true
 	}
 	var raw syscall.RawConn
 	if size <= maxCorked {
@@ -86,8 +91,9 @@ func sendStored(w http.ResponseWriter, r *http.Request, f *os.File, size int64) 
 	}
 	// Limited to the size, sendfile stops there rather than calling again
 	// to find the end of the file. An error is the client's going away.
-	io.CopyN(w, f, size)
+	n, err := io.CopyN(w, f, size)
 	uncork(raw)
+	return err == nil && n == size
 }
 
 // maxCorked is the largest blob sent corked (see ConnContext). At 104 KiB

@@ -12,33 +12,45 @@ import (
 // transmits and delivers separately: for a blob of 104 KiB, about an eighth
 // of what a response costs.
 
-// connKey is the context key of a connection's syscall.RawConn.
+// connKey is the context key of a connection's *connInfo.
 type connKey struct{}
 
-// ConnContext is meant for http.Server.ConnContext: it lets the responses
-// on a TCP connection cork it while they send a small stored blob. Without
-// it, each blob's header goes out in a packet of its own. Other connections
-// (TLS) are left as they are.
+// connInfo is the TCP connection under a request.
+type connInfo struct {
+	tcp *net.TCPConn
+	raw syscall.RawConn
+}
+
+// ConnContext is meant for http.Server.ConnContext (Serve sets it): it lets
+// the responses on a TCP connection cork it while they send a small stored
+// blob, and lets the blob loop take the connection over (see fastPath).
+// Without it, each blob's header goes out in a packet of its own. Other
+// connections (TLS) are left as they are.
 func (s *Server) ConnContext(ctx context.Context, c net.Conn) context.Context {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
+	var tc *net.TCPConn
+	switch c := c.(type) {
+	case *net.TCPConn:
+		tc = c
+	case *bufferedConn:
+		tc = c.tcp
+	default:
 		return ctx
 	}
 	raw, err := tc.SyscallConn()
 	if err != nil {
 		return ctx
 	}
-	return context.WithValue(ctx, connKey{}, raw)
+	return context.WithValue(ctx, connKey{}, &connInfo{tcp: tc, raw: raw})
 }
 
 // cork corks the request's connection, if ConnContext made that possible,
 // and returns what uncork takes to send what the cork holds back.
 func cork(ctx context.Context) syscall.RawConn {
-	raw, _ := ctx.Value(connKey{}).(syscall.RawConn)
-	if raw != nil && raw.Control(setCork) != nil {
+	ci, _ := ctx.Value(connKey{}).(*connInfo)
+	if ci == nil || ci.raw.Control(setCork) != nil {
 		return nil
 	}
-	return raw
+	return ci.raw
 }
 
 // uncork sends what cork held back: the blob's last, partial segment.

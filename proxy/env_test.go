@@ -7,6 +7,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"path"
@@ -14,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -103,7 +105,7 @@ type env struct {
 	dir      string
 	store    *storage.Store
 	srv      *Server
-	proxy    *httptest.Server
+	proxy    *liveProxy
 	registry *prometheus.Registry
 }
 
@@ -141,10 +143,7 @@ func (e *env) start(upstreamURL string, opts ...Option) {
 		e.t.Fatal(err)
 	}
 	e.store, e.srv = st, srv
-	// As cmd/pullproxy serves it: stored blobs go out corked.
-	e.proxy = httptest.NewUnstartedServer(srv)
-	e.proxy.Config.ConnContext = srv.ConnContext
-	e.proxy.Start()
+	e.proxy = serveProxy(e.t, srv)
 	e.t.Cleanup(e.stop)
 }
 
@@ -154,9 +153,44 @@ func (e *env) stop() {
 		return
 	}
 	e.proxy.Close()
-	e.srv.Close()
 	e.store.Close()
 	e.proxy = nil
+}
+
+// liveProxy is a Server served on a loopback port as cmd/pullproxy serves
+// it: through Serve, blob loop included.
+type liveProxy struct {
+	URL  string
+	t    testing.TB
+	srv  *Server
+	hs   *http.Server
+	done chan error
+}
+
+func serveProxy(t testing.TB, srv *Server) *liveProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &liveProxy{URL: "http://" + ln.Addr().String(), t: t, srv: srv, done: make(chan error, 1),
+		hs: &http.Server{ReadHeaderTimeout: 10 * time.Second, IdleTimeout: time.Minute}}
+	go func() { p.done <- srv.Serve(ln, p.hs) }()
+	return p
+}
+
+// Close stops the server as cmd/pullproxy does: downloads first, then the
+// connections.
+func (p *liveProxy) Close() {
+	p.srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.srv.Shutdown(ctx, p.hs); err != nil {
+		p.t.Errorf("shutting the proxy down: %v", err)
+	}
+	if err := <-p.done; err != http.ErrServerClosed {
+		p.t.Errorf("serving: %v", err)
+	}
 }
 
 // push writes a random image to the upstream as repo:tag.

@@ -94,6 +94,7 @@ type responseRecorder struct {
 	written int64
 	source  string // for blobs: "cache" or "download"
 	flushed bool   // the header has been sent
+	whole   bool   // a stored blob was sent whole (see sendStored)
 }
 
 func (w *responseRecorder) WriteHeader(status int) {

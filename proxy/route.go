@@ -59,10 +59,10 @@ func parsePath(path string) (name, kind, ref string, ok bool) {
 // (Docker's registry-mirrors). A request naming no configured upstream is
 // refused: pullproxy is not an open proxy.
 // ns is the request's ns query parameter.
-func (s *Server) resolve(r *http.Request, ns string) (route, error) {
-	name, kind, ref, ok := parsePath(r.URL.Path)
+func (s *Server) resolve(method, urlPath, ns string) (route, error) {
+	name, kind, ref, ok := parsePath(urlPath)
 	if !ok {
-		return route{}, errUnsupported(fmt.Sprintf("%s %s is not part of the registry API pullproxy serves", r.Method, r.URL.Path))
+		return route{}, errUnsupported(fmt.Sprintf("%s %s is not part of the registry API pullproxy serves", method, urlPath))
 	}
 	var up Upstream
 	if ns != "" {

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -90,6 +91,7 @@ type Server struct {
 	metrics         *metrics
 	gatherer        prometheus.Gatherer
 	mux             *http.ServeMux
+	fast            atomic.Pointer[fastPath] // set by Serve
 
 	downloads *downloads
 	accesses  *accesses
@@ -277,14 +279,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
-// serveRegistry handles everything under /v2/.
+// serveRegistry handles everything under /v2/. A connection that had a
+// stored blob answered whole goes on to the blob loop (see fastPath).
 func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
+	if rw := s.handleRegistry(w, r); rw.whole {
+		s.takeOver(w, r)
+	}
+}
+
+// handleRegistry answers a request under /v2/, and returns what it sent.
+func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *responseRecorder {
 	start := time.Now()
 	rw := &responseRecorder{ResponseWriter: w, status: http.StatusOK}
 	w = rw
 	w.Header()["Docker-Distribution-API-Version"] = apiVersion
 	kind := "other"
-	ns := queryValue(r.URL, "ns")
+	ns := queryValue(r.URL.RawQuery, "ns")
 	defer s.finish(r, ns, rw, start, &kind)
 
 	if r.URL.Path == "/v2/" || r.URL.Path == "/v2" {
@@ -294,15 +304,15 @@ func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodHead {
 			w.Write([]byte("{}"))
 		}
-		return
+		return rw
 	}
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
 		writeError(w, r, &ociError{status: http.StatusMethodNotAllowed, code: "UNSUPPORTED",
 			message: "pullproxy is a read-only mirror: " + r.Method + " is not supported"})
-		return
+		return rw
 	}
-	rt, err := s.resolve(r, ns)
+	rt, err := s.resolve(r.Method, r.URL.Path, ns)
 	if err != nil {
 		oe := toOCI(err, "")
 		if oe.code == "NAME_UNKNOWN" {
@@ -310,7 +320,7 @@ func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 				"ns", ns, "fix", "add the registry to upstreams if it should be mirrored")
 		}
 		writeError(w, r, oe)
-		return
+		return rw
 	}
 	kind = rt.kind
 	switch rt.kind {
@@ -319,16 +329,23 @@ func (s *Server) serveRegistry(w http.ResponseWriter, r *http.Request) {
 	case kindBlob:
 		s.serveBlob(w, r, rt)
 	}
+	return rw
 }
 
 // finish counts a request served and logs it. *kind is the kind of request,
 // known once it is resolved.
 func (s *Server) finish(r *http.Request, ns string, rw *responseRecorder, start time.Time, kind *string) {
-	s.metrics.request(*kind, r.Method, rw.status).Inc()
-	if c := s.metrics.served[rw.source]; c != nil {
-		c.Add(float64(rw.written))
+	s.count(*kind, r.Method, rw.status, rw.source, rw.written)
+	s.logRequest(r.Context(), r.Method, r.URL.Path, ns, r.RemoteAddr, rw.status, rw.written, start)
+}
+
+// count counts a request served, and the blob bytes it sent from source
+// ("" when it sent none).
+func (s *Server) count(kind, method string, status int, source string, written int64) {
+	s.metrics.request(kind, method, status).Inc()
+	if c := s.metrics.served[source]; c != nil {
+		c.Add(float64(written))
 	}
-	s.logRequest(r, ns, rw, start)
 }
 
 // apiVersion is the value of Docker-Distribution-API-Version, shared by
@@ -338,29 +355,29 @@ var apiVersion = []string{"registry/2.0"}
 // logRequest writes the line every request gets, at Info. It builds the
 // record itself rather than calling Logger.Info, which would also look up
 // the caller's program counter and box every value: the line is the same.
-func (s *Server) logRequest(r *http.Request, ns string, rw *responseRecorder, start time.Time) {
-	ctx := r.Context()
+func (s *Server) logRequest(ctx context.Context, method, urlPath, ns, remote string, status int, written int64, start time.Time) {
 	h := s.log.Handler()
 	if !h.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
 	now := time.Now()
 	rec := slog.NewRecord(now, slog.LevelInfo, "request", 0)
-	rec.AddAttrs(slog.String("method", r.Method), slog.String("path", r.URL.Path), slog.String("ns", ns),
-		slog.Int("status", rw.status), slog.Int64("bytes", rw.written),
-		slog.Duration("duration", now.Sub(start).Round(time.Microsecond)), slog.String("remote", r.RemoteAddr))
+	rec.AddAttrs(slog.String("method", method), slog.String("path", urlPath), slog.String("ns", ns),
+		slog.Int("status", status), slog.Int64("bytes", written),
+		slog.Duration("duration", now.Sub(start).Round(time.Microsecond)), slog.String("remote", remote))
 	h.Handle(ctx, rec)
 }
 
-// queryValue is u.Query().Get(key) without parsing the whole query into a
-// map, for queries that need no unescaping (containerd's "ns=docker.io").
-func queryValue(u *url.URL, key string) string {
-	q := u.RawQuery
+// queryValue is the value of key in a raw query, as url.ParseQuery would
+// read it, without parsing the whole query into a map when it needs no
+// unescaping (containerd's "ns=docker.io").
+func queryValue(q, key string) string {
 	if q == "" {
 		return ""
 	}
 	if strings.ContainsAny(q, "%+;") {
-		return u.Query().Get(key)
+		v, _ := url.ParseQuery(q)
+		return v.Get(key)
 	}
 	for q != "" {
 		var pair string

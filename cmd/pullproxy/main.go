@@ -218,7 +218,6 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	httpSrv := &http.Server{
 		Handler:           srv,
-		ConnContext:       srv.ConnContext, // lets a small blob go out corked (see proxy.Server.ConnContext)
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -227,7 +226,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		"upstreams", names)
 
 	errc := make(chan error, 1)
-	go func() { errc <- httpSrv.Serve(ln) }()
+	go func() { errc <- srv.Serve(ln, httpSrv) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serving: %w", err)
@@ -241,7 +240,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	srv.Close()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
-	if err := httpSrv.Shutdown(shutdownCtx); err != nil {
+	if err := srv.Shutdown(shutdownCtx, httpSrv); err != nil {
 		log.Warn("connections still open at shutdown were closed", "err", err)
 	}
 	return nil
