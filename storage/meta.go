@@ -228,11 +228,16 @@ func (s *Store) put(key []byte, v any) error {
 // compaction notes, so they go out at debug.
 type badgerLogger struct{ log *slog.Logger }
 
-func (l badgerLogger) Errorf(f string, a ...any) { l.log.Error(trim(f, a), "component", "badger") }
-func (l badgerLogger) Warningf(f string, a ...any) {
-	l.log.Warn(trim(f, a), "component", "badger")
-}
-func (l badgerLogger) Infof(f string, a ...any)  { l.log.Debug(trim(f, a), "component", "badger") }
-func (l badgerLogger) Debugf(f string, a ...any) { l.log.Debug(trim(f, a), "component", "badger") }
+func (l badgerLogger) Errorf(f string, a ...any)   { l.logf(slog.LevelError, f, a) }
+func (l badgerLogger) Warningf(f string, a ...any) { l.logf(slog.LevelWarn, f, a) }
+func (l badgerLogger) Infof(f string, a ...any)    { l.logf(slog.LevelDebug, f, a) }
+func (l badgerLogger) Debugf(f string, a ...any)   { l.logf(slog.LevelDebug, f, a) }
 
-func trim(f string, a []any) string { return strings.TrimSpace(fmt.Sprintf(f, a...)) }
+// logf formats a line only when it is to be logged: Badger writes a few
+// debug lines for every write batch.
+func (l badgerLogger) logf(level slog.Level, f string, a []any) {
+	ctx := context.Background()
+	if l.log.Enabled(ctx, level) {
+		l.log.Log(ctx, level, strings.TrimSpace(fmt.Sprintf(f, a...)), "component", "badger")
+	}
+}

@@ -114,7 +114,8 @@ func newChunkTransport(base *http.Transport, firstByte, stall time.Duration) (*h
 		dial = (&net.Dialer{Timeout: 10 * time.Second}).DialContext
 	}
 	d := &chunkDialer{proxy: t.Proxy, dial: dial, tls: cfg, first: firstByte, idle: stall,
-		warm: map[dialKey][]warmConn{}, setup: map[dialKey]time.Duration{}}
+		warm: map[dialKey][]warmConn{}, setup: map[dialKey]time.Duration{},
+		recent: map[dialKey]*setupTimes{}}
 	t.DialContext = d.dialTCP
 	t.DialTLSContext = d.dialTLS
 	t.ResponseHeaderTimeout = max(firstByte, t.ResponseHeaderTimeout)

@@ -37,9 +37,28 @@ type chunkDialer struct {
 
 	warmTaken atomic.Int64 // chunks sent on a warm connection, for tests
 
-	mu    sync.Mutex
-	warm  map[dialKey][]warmConn // oldest first
-	setup map[dialKey]time.Duration
+	mu     sync.Mutex
+	warm   map[dialKey][]warmConn // oldest first
+	setup  map[dialKey]time.Duration
+	recent map[dialKey]*setupTimes
+}
+
+// setupTimes are the last set-up times of connections to an address.
+type setupTimes struct {
+	took [16]time.Duration
+	next int
+}
+
+// shortest returns the shortest of them: the path's own length, which
+// connections opened in a burst, or on a busy CPU, overstate.
+func (s *setupTimes) shortest() time.Duration {
+	var least time.Duration
+	for _, d := range s.took {
+		if d > 0 && (least == 0 || d < least) {
+			least = d
+		}
+	}
+	return least
 }
 
 // dialKey is where a connection goes, and whether it speaks TLS.
@@ -123,13 +142,33 @@ func (d *chunkDialer) open(ctx context.Context, network string, key dialKey) (ne
 		c = tc
 	}
 	took := time.Since(start)
+	this := max(took, 1) // 0 marks an empty slot in setupTimes
 	d.mu.Lock()
 	if prev, ok := d.setup[key]; ok {
 		took = (3*prev + took) / 4
 	}
 	d.setup[key] = took
+	r := d.recent[key]
+	if r == nil {
+		r = &setupTimes{}
+		d.recent[key] = r
+	}
+	r.took[r.next] = this
+	r.next = (r.next + 1) % len(r.took)
 	d.mu.Unlock()
 	return c, nil
+}
+
+// shortestSetup returns the shortest time opening one of the last
+// connections to key took, or 0 when none was opened yet: how long the path
+// is.
+func (d *chunkDialer) shortestSetup(key dialKey) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.recent[key]; r != nil {
+		return r.shortest()
+	}
+	return 0
 }
 
 // setupTime returns how long opening a connection to key took lately, or 0

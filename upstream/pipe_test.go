@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -63,7 +64,9 @@ func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64,
 // 64 connections that fill the link; on a short one, where 4 connections
 // fill it (or 16), a step that brings nothing is taken back, and the limit
 // then shrinks towards the few that keep the link full, unless connections
-// take long to open (a long path).
+// take long to open (a long path). The limit checked is the median of those
+// sampled over the second half-minute: at its ceiling, the limit tries a
+// step down every growthHold.
 func TestPipeGrowsToFillThePath(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -84,11 +87,60 @@ func TestPipeGrowsToFillThePath(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				p := newTestPipe(64)
 				p.setup = func() time.Duration { return tt.setup }
+				var samples []int
+				sampled := make(chan struct{})
+				go func() {
+					defer close(sampled)
+					time.Sleep(30 * time.Second)
+					for range 30 {
+						time.Sleep(time.Second)
+						samples = append(samples, p.current())
+					}
+				}()
 				simulatePath(t, p, 100, tt.perConn, 64e6, 1<<20, time.Minute)
-				if got := p.current(); got < tt.min || got > tt.max {
-					t.Errorf("limit after a minute: got %v, want %v to %v", got, tt.min, tt.max)
+				<-sampled
+				slices.Sort(samples)
+				if got := samples[len(samples)/2]; got < tt.min || got > tt.max {
+					t.Errorf("limit in the second half-minute: median %v, want %v to %v (samples %v)", got, tt.min, tt.max, samples)
 				}
 			})
+		})
+	}
+}
+
+// TestPipeStartsSmallOnAShortPath: once a chunk is done and the path's
+// set-up time known, a short path's limit drops to a few connections (to
+// grow again if they do not fill it); a long path's stays.
+func TestPipeStartsSmallOnAShortPath(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		setup time.Duration
+		want  int
+	}{
+		{"set-up unknown", 0, initialConnections},
+		{"short path", time.Millisecond, shortPathConnections},
+		{"long path", 80 * time.Millisecond, initialConnections},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newTestPipe(64)
+			p.setup = func() time.Duration { return tt.setup }
+			owner := &blobFetch{}
+			var lanes []*lane
+			for range 2 {
+				l, err := p.acquire(t.Context(), owner)
+				if err != nil {
+					t.Fatal(err)
+				}
+				lanes = append(lanes, l)
+			}
+			for _, l := range lanes {
+				p.release(owner, l, time.Second)
+			}
+			if got := p.current(); got != tt.want {
+				t.Errorf("limit after the first chunks: got %d, want %d", got, tt.want)
+			}
 		})
 	}
 }

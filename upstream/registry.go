@@ -224,7 +224,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		ep.up.Set(1)
 		if r.dialer != nil {
 			key := keyOf(u)
-			ep.pipe.setup = func() time.Duration { return r.dialer.setupTime(key) }
+			ep.pipe.setup = func() time.Duration { return r.dialer.shortestSetup(key) }
 		}
 	}
 	// Set once the endpoints are known: it holds each connection to its
