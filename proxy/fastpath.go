@@ -42,8 +42,13 @@ func (s *Server) Serve(ln net.Listener, hs *http.Server) error {
 	if hs.ConnContext == nil {
 		hs.ConnContext = s.ConnContext
 	}
+	blobs, ok := s.blobs.(blobFDOpener)
+	if !ok { // a store of another kind: net/http serves every request
+		return hs.Serve(ln)
+	}
 	f := &fastPath{
 		s:       s,
+		blobs:   blobs,
 		handoff: newHandoffListener(ln.Addr()),
 		idle:    cmp.Or(hs.IdleTimeout, hs.ReadTimeout),
 		header:  cmp.Or(hs.ReadHeaderTimeout, hs.ReadTimeout),
@@ -105,9 +110,16 @@ func (s *Server) takeOver(w http.ResponseWriter, r *http.Request) {
 	f.serve(ci, pending)
 }
 
+// blobFDOpener is a BlobStore whose blobs are files the loop may send
+// with sendfile itself (see storage.Store.OpenBlobFD).
+type blobFDOpener interface {
+	OpenBlobFD(ctx context.Context, d digest.Digest) (fd int, size int64, err error)
+}
+
 // fastPath serves the connections taken over from net/http.
 type fastPath struct {
 	s       *Server
+	blobs   blobFDOpener
 	handoff *handoffListener
 	// As net/http applies them: idle is the wait for a request's first
 	// byte, header that for the rest of its head, write that for sending
@@ -278,11 +290,11 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	}
 	start := time.Now()
 	d := digest.Digest(rt.ref)
-	file, size, err := s.blobs.OpenBlob(s.ctx, d)
+	fd, size, err := f.blobs.OpenBlobFD(s.ctx, d)
 	if err != nil {
 		return false // net/http fetches it, or says why it cannot be read
 	}
-	defer file.Close()
+	defer syscall.Close(fd)
 	if !f.setBusy(c, true) {
 		return true // shutting down: setBusy(false) says so again and the loop ends
 	}
@@ -294,7 +306,7 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	err = writeMore(c.ci.raw, c.hdr, get && size > 0)
 	var n int64
 	if err == nil && get {
-		n, err = io.CopyN(c.ci.tcp, file, size) // sendfile
+		n, err = sendFD(c.ci.tcp, c.ci.raw, fd, size)
 	}
 	s.accesses.note(d)
 	s.count(kindBlob, req.method, http.StatusOK, "cache", n)

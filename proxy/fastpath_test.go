@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -69,6 +71,19 @@ func request(method, path string, headers ...string) string {
 		strings.Join(headers, "") + "\r\n"
 }
 
+// waitOnLoop waits until the blob loop serves n connections: a connection
+// is taken over once its response is sent, so after its client has it.
+func waitOnLoop(t *testing.T, p *liveProxy, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for onLoop(p) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections on the blob loop, want %d", onLoop(p), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // onLoop is how many connections the blob loop serves.
 func onLoop(p *liveProxy) int {
 	f := p.srv.fast.Load()
@@ -115,9 +130,7 @@ func TestBlobLoopAnswersAsNetHTTP(t *testing.T) {
 	if first.StatusCode != http.StatusOK || !bytes.Equal(body, content) {
 		t.Fatalf("first GET: %s, %d bytes", first.Status, len(body))
 	}
-	if n := onLoop(e.proxy); n != 1 {
-		t.Fatalf("%d connections on the blob loop after a stored blob, want 1", n)
-	}
+	waitOnLoop(t, e.proxy, 1)
 	for _, method := range []string{"GET", "HEAD", "GET"} {
 		cc.send(request(method, p))
 		resp, body := cc.response(method)
@@ -214,9 +227,8 @@ func TestBlobLoopHandsBackWhatItDoesNotServe(t *testing.T) {
 		if resp.StatusCode != s.status || (s.body != nil && !bytes.Equal(body, s.body)) {
 			t.Fatalf("%s: %s, %d bytes", s.name, resp.Status, len(body))
 		}
-		if n := onLoop(e.proxy); n != s.loop {
-			t.Fatalf("%s: %d connections on the loop, want %d", s.name, n, s.loop)
-		}
+		t.Log(s.name)
+		waitOnLoop(t, e.proxy, s.loop)
 	}
 
 	// Pipelined, starting on the loop: the loop answers, hands back
@@ -279,9 +291,7 @@ func TestBlobLoopTimesOutAsNetHTTP(t *testing.T) {
 					t.Fatal(resp.Status)
 				}
 			}
-			if n := onLoop(lp); n != 1 {
-				t.Fatalf("%d connections on the loop, want 1", n)
-			}
+			waitOnLoop(t, lp, 1)
 			cc.send(tt.then)
 			if !cc.closed() { // bounded by the connection's 30 s deadline
 				t.Fatal("connection not closed")
@@ -301,9 +311,7 @@ func TestBlobLoopShutdown(t *testing.T) {
 		cc.send(request("HEAD", p))
 		cc.response("HEAD")
 	}
-	if n := onLoop(e.proxy); n != 2 {
-		t.Fatalf("%d connections on the loop, want 2", n)
-	}
+	waitOnLoop(t, e.proxy, 2)
 	busy.send(request("GET", p))
 	resp, err := http.ReadResponse(busy.br, &http.Request{Method: "GET"})
 	if err != nil {
@@ -365,5 +373,64 @@ func TestBlobLoopClientGoesAway(t *testing.T) {
 			t.Fatal("the loop still holds a connection its client closed")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSendFD sends a file whole, and stops with an error at the end of one
+// shorter than the size it was said to have (a damaged store).
+func TestSendFD(t *testing.T) {
+	content := randomBytes(t, 3<<20)
+	name := t.TempDir() + "/blob"
+	if err := os.WriteFile(name, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		size int64
+		want error
+	}{
+		{"whole", int64(len(content)), nil},
+		{"shorter than said", int64(len(content)) + 10, io.ErrUnexpectedEOF},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			received := make(chan []byte)
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					close(received)
+					return
+				}
+				defer c.Close()
+				b, _ := io.ReadAll(c)
+				received <- b
+			}()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc := c.(*net.TCPConn)
+			raw, err := tc.SyscallConn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			fd, err := syscall.Open(name, syscall.O_RDONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer syscall.Close(fd)
+			n, err := sendFD(tc, raw, fd, tt.size)
+			c.Close()
+			if n != int64(len(content)) || !errors.Is(err, tt.want) {
+				t.Errorf("sent %d bytes, %v; want %d, %v", n, err, len(content), tt.want)
+			}
+			if got := <-received; !bytes.Equal(got, content) {
+				t.Errorf("received %d bytes, not the file's %d", len(got), len(content))
+			}
+		})
 	}
 }

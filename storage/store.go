@@ -137,26 +137,38 @@ func isSHA256(d digest.Digest) bool {
 // OpenBlob opens a verified blob for reading. The caller closes the file.
 // It returns ErrNotFound when the store does not hold d.
 func (s *Store) OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64, error) {
-	if err := validate(d); err != nil {
+	fd, size, err := s.OpenBlobFD(ctx, d)
+	if err != nil {
 		return nil, 0, err
 	}
-	f, size, err := openFile(s.blobPath(d))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, 0, fmt.Errorf("blob %s: %w", d, ErrNotFound)
-	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("opening blob %s: %w", d, err)
-	}
-	return f, size, nil
+	return os.NewFile(uintptr(fd), s.blobPath(d)), size, nil
 }
 
-// openFile opens a file for reading as os.Open does and returns its size,
-// with three system calls where os.Open and Stat make seven on Linux:
+// OpenBlobFD is OpenBlob for a caller that sends the file with sendfile
+// itself: it returns the bare descriptor, which the caller closes with
+// syscall.Close. For a small blob, an *os.File's set-up and tear-down (a
+// fcntl, a finalizer, the poller's bookkeeping) cost a tenth of a request.
+func (s *Store) OpenBlobFD(ctx context.Context, d digest.Digest) (fd int, size int64, err error) {
+	if err := validate(d); err != nil {
+		return -1, 0, err
+	}
+	fd, size, err = openFD(s.blobPath(d))
+	if errors.Is(err, fs.ErrNotExist) {
+		return -1, 0, fmt.Errorf("blob %s: %w", d, ErrNotFound)
+	}
+	if err != nil {
+		return -1, 0, fmt.Errorf("opening blob %s: %w", d, err)
+	}
+	return fd, size, nil
+}
+
+// openFD opens a file for reading and returns its descriptor and size,
+// with two system calls where os.Open and Stat make seven on Linux:
 // os.Open makes the descriptor non-blocking, offers it to the network
 // poller, which refuses regular files, and makes it blocking again; Stat
 // allocates what it returns. The file served is the same; this runs on
 // every blob served.
-func openFile(name string) (*os.File, int64, error) {
+func openFD(name string) (int, int64, error) {
 	var fd int
 	var err error
 	for {
@@ -165,7 +177,7 @@ func openFile(name string) (*os.File, int64, error) {
 		}
 	}
 	if err != nil {
-		return nil, 0, &fs.PathError{Op: "open", Path: name, Err: err}
+		return -1, 0, &fs.PathError{Op: "open", Path: name, Err: err}
 	}
 	var st syscall.Stat_t
 	for {
@@ -175,9 +187,9 @@ func openFile(name string) (*os.File, int64, error) {
 	}
 	if err != nil {
 		syscall.Close(fd)
-		return nil, 0, &fs.PathError{Op: "stat", Path: name, Err: err}
+		return -1, 0, &fs.PathError{Op: "stat", Path: name, Err: err}
 	}
-	return os.NewFile(uintptr(fd), name), st.Size, nil
+	return fd, st.Size, nil
 }
 
 // StatBlob returns a verified blob's size, or ErrNotFound.
