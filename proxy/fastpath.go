@@ -137,6 +137,10 @@ type fastConn struct {
 	ci     *connInfo
 	remote string
 	hdr    []byte // the response header, reused
+	// date is the Date field's value for the second dateAt, formatted once
+	// a second rather than for every response.
+	date   []byte
+	dateAt int64
 }
 
 // add registers c, unless the server is shutting down.
@@ -302,7 +306,10 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 		c.ci.tcp.SetWriteDeadline(start.Add(f.write))
 	}
 	get := req.method == http.MethodGet
-	c.hdr = appendBlobHeader(c.hdr[:0], d, size, start)
+	if sec := start.Unix(); sec != c.dateAt {
+		c.date, c.dateAt = start.UTC().AppendFormat(c.date[:0], http.TimeFormat), sec
+	}
+	c.hdr = appendBlobHeader(c.hdr[:0], d, size, c.date)
 	err = writeMore(c.ci.raw, c.hdr, get && size > 0)
 	var n int64
 	if err == nil && get {
@@ -319,7 +326,7 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 
 // appendBlobHeader appends the header of a stored blob's response to b: the
 // one net/http sends for it (see serveBlob), field for field.
-func appendBlobHeader(b []byte, d digest.Digest, size int64, now time.Time) []byte {
+func appendBlobHeader(b []byte, d digest.Digest, size int64, date []byte) []byte {
 	b = append(b, "HTTP/1.1 200 OK\r\n"+
 		"Accept-Ranges: bytes\r\n"+
 		"Cache-Control: max-age=31536000\r\n"+
@@ -330,7 +337,7 @@ func appendBlobHeader(b []byte, d digest.Digest, size int64, now time.Time) []by
 	b = append(b, "\r\nDocker-Distribution-API-Version: registry/2.0\r\nEtag: \""...)
 	b = append(b, d...)
 	b = append(b, "\"\r\nDate: "...)
-	b = now.UTC().AppendFormat(b, http.TimeFormat)
+	b = append(b, date...)
 	return append(b, "\r\n\r\n"...)
 }
 

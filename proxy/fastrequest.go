@@ -1,9 +1,6 @@
 package proxy
 
-import (
-	"bytes"
-	"path"
-)
+import "bytes"
 
 // fastRequest is a request the blob loop (see fastPath) may answer itself:
 // a GET or HEAD under /v2/, HTTP/1.1, kept alive, without a body, and
@@ -33,105 +30,136 @@ const maxFastRequest = 4 << 10
 // anything it accepts, net/http would read as the same method, path and
 // query, with no body, and as keeping the connection open, so that answering
 // it here cannot disagree with net/http. FuzzParseFastRequest checks this.
+// A request it cannot accept is refused as soon as its first line that says
+// so has arrived.
 func parseFastRequest(b []byte) (fastRequest, fastVerdict) {
-	end := bytes.Index(b, crlfcrlf)
-	if end < 0 {
-		// Not worth waiting for: too long, bare LF line ends (which net/http
-		// takes, but which never end in CRLFCRLF), another method.
-		if len(b) >= maxFastRequest || bareLF(b) || !couldStartFast(b) {
-			return fastRequest{}, fastNot
+	var req fastRequest
+	hosts := 0
+	rest := b
+	for first := true; ; first = false {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 { // the line has not ended yet
+			if len(b) >= maxFastRequest || first && !couldStartFast(rest) {
+				return fastRequest{}, fastNot
+			}
+			return fastRequest{}, fastIncomplete
 		}
-		return fastRequest{}, fastIncomplete
+		if i == 0 || rest[i-1] != '\r' {
+			return fastRequest{}, fastNot // a bare LF, which net/http takes for a line's end
+		}
+		line := rest[:i-1]
+		rest = rest[i+1:]
+		switch {
+		case first:
+			if !req.parseRequestLine(line) {
+				return fastRequest{}, fastNot
+			}
+		case len(line) == 0: // the end of the head
+			req.size = len(b) - len(rest)
+			if req.size > maxFastRequest || hosts != 1 { // HTTP/1.1 requires exactly one Host
+				return fastRequest{}, fastNot
+			}
+			return req, fastOK
+		default:
+			host, ok := fastHeader(line)
+			if !ok {
+				return fastRequest{}, fastNot
+			}
+			if host {
+				hosts++
+			}
+		}
 	}
-	req := fastRequest{size: end + len(crlfcrlf)}
-	head := b[:end+2] // every line with its CRLF
-	if req.size > maxFastRequest || bareLF(head) {
-		return fastRequest{}, fastNot
-	}
-	i := bytes.Index(head, crlf)
-	line := head[:i]
-	head = head[i+2:]
+}
+
+// parseRequestLine reads the request line, without its CRLF, into req.
+func (req *fastRequest) parseRequestLine(line []byte) bool {
 	switch {
 	case bytes.HasPrefix(line, []byte("GET ")):
 		req.method, line = "GET", line[4:]
 	case bytes.HasPrefix(line, []byte("HEAD ")):
 		req.method, line = "HEAD", line[5:]
 	default:
-		return fastRequest{}, fastNot
+		return false
 	}
 	target, ok := bytes.CutSuffix(line, []byte(" HTTP/1.1"))
 	if !ok || !bytes.HasPrefix(target, []byte("/v2/")) {
-		return fastRequest{}, fastNot
+		return false
 	}
 	p, q, _ := bytes.Cut(target, []byte("?"))
-	if !allIn(p, &pathChars) || !allIn(q, &queryChars) {
-		return fastRequest{}, fastNot
+	if !allIn(p, &pathChars) || !allIn(q, &queryChars) || !cleanPath(p) {
+		return false
 	}
 	req.path, req.query = string(p), string(q)
-	if path.Clean(req.path) != req.path {
-		return fastRequest{}, fastNot
-	}
-
-	hosts := 0
-	for len(head) > 0 {
-		i := bytes.Index(head, crlf)
-		line := head[:i]
-		head = head[i+2:]
-		name, value, ok := bytes.Cut(line, []byte(":"))
-		if !ok || len(name) == 0 || !allIn(name, &tokenChars) {
-			return fastRequest{}, fastNot
-		}
-		value = bytes.Trim(value, " \t")
-		if !fieldValue(value) {
-			return fastRequest{}, fastNot
-		}
-		switch {
-		case equalFold(name, "host"):
-			hosts++
-			if len(value) == 0 || !allIn(value, &hostChars) {
-				return fastRequest{}, fastNot
-			}
-		case equalFold(name, "connection"):
-			if !equalFold(value, "keep-alive") {
-				return fastRequest{}, fastNot // close, upgrade, a list
-			}
-		case equalFold(name, "content-length"), equalFold(name, "transfer-encoding"),
-			equalFold(name, "expect"), equalFold(name, "upgrade"), equalFold(name, "range"),
-			len(name) > 3 && equalFold(name[:3], "if-"):
-			return fastRequest{}, fastNot
-		}
-	}
-	if hosts != 1 { // HTTP/1.1 requires exactly one
-		return fastRequest{}, fastNot
-	}
-	return req, fastOK
+	return true
 }
 
-var (
-	crlf     = []byte("\r\n")
-	crlfcrlf = []byte("\r\n\r\n")
-)
+// fastHeader checks a header line, without its CRLF, and reports whether
+// it is a Host line. It refuses a line that is not one net/http reads the
+// same way, or whose field would change the answer or the connection's
+// fate.
+func fastHeader(line []byte) (host, ok bool) {
+	name, value, ok := bytes.Cut(line, []byte(":"))
+	if !ok || len(name) == 0 || !allIn(name, &tokenChars) {
+		return false, false
+	}
+	value = trimSpace(value)
+	if !fieldValue(value) {
+		return false, false
+	}
+	switch name[0] | 0x20 { // the first letter, lower-cased: most names need no other comparison
+	case 'h':
+		if equalFold(name, "host") {
+			return true, len(value) > 0 && allIn(value, &hostChars)
+		}
+	case 'c':
+		if equalFold(name, "connection") {
+			return false, equalFold(value, "keep-alive") // not close, upgrade, a list
+		}
+		return false, !equalFold(name, "content-length")
+	case 't', 'e', 'u', 'r', 'i':
+		return false, !(equalFold(name, "transfer-encoding") || equalFold(name, "expect") || equalFold(name, "upgrade") ||
+			equalFold(name, "range") || len(name) > 3 && equalFold(name[:3], "if-"))
+	}
+	return false, true
+}
+
+// trimSpace trims spaces and tabs, the optional white space around a
+// field's value.
+func trimSpace(v []byte) []byte {
+	for len(v) > 0 && (v[0] == ' ' || v[0] == '\t') {
+		v = v[1:]
+	}
+	for len(v) > 0 && (v[len(v)-1] == ' ' || v[len(v)-1] == '\t') {
+		v = v[:len(v)-1]
+	}
+	return v
+}
+
+// cleanPath reports whether path.Clean would leave p, a rooted path, as it
+// is: no empty, "." or ".." element, no trailing slash.
+func cleanPath(p []byte) bool {
+	for {
+		i := bytes.IndexByte(p, '/')
+		if i < 0 {
+			return true
+		}
+		p = p[i+1:]
+		elem := p
+		if j := bytes.IndexByte(p, '/'); j >= 0 {
+			elem = p[:j]
+		}
+		if len(elem) == 0 || elem[0] == '.' && (len(elem) == 1 || len(elem) == 2 && elem[1] == '.') {
+			return false
+		}
+	}
+}
 
 // couldStartFast reports whether b could be the start of a fast request.
 func couldStartFast(b []byte) bool {
 	for _, m := range []string{"GET /v2/", "HEAD /v2/"} {
 		n := min(len(b), len(m))
 		if string(b[:n]) == m[:n] {
-			return true
-		}
-	}
-	return false
-}
-
-// bareLF reports whether b has a line feed without its carriage return, or
-// a carriage return without its line feed (but for a last byte, whose line
-// feed may be on its way).
-func bareLF(b []byte) bool {
-	for i, c := range b {
-		switch {
-		case c == '\n' && (i == 0 || b[i-1] != '\r'):
-			return true
-		case c == '\r' && i+1 < len(b) && b[i+1] != '\n':
 			return true
 		}
 	}

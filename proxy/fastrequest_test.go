@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"net/http"
+	"path"
 	"strings"
 	"testing"
 )
@@ -44,6 +45,12 @@ func TestParseFastRequest(t *testing.T) {
 		{"escaped path", "GET /v2/library/a%70p/blobs/sha256:00 HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
 		{"unclean path", "GET /v2/library/../app/blobs/sha256:00 HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
 		{"double slash", "GET /v2//app/blobs/sha256:00 HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
+		{"dot element", "GET /v2/app/./blobs/sha256:00 HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
+		{"trailing dot-dot", "GET /v2/app/blobs/.. HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
+		{"trailing slash", "GET /v2/app/blobs/ HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
+		{"bare LF in a value", "GET " + fastBlobPath + " HTTP/1.1\r\nHost: m\r\nX-A: a\nb\r\n\r\n", fastNot},
+		{"bare CR in a value", "GET " + fastBlobPath + " HTTP/1.1\r\nHost: m\r\nX-A: a\rb\r\n\r\n", fastNot},
+		{"bare LF in the target", "GET /v2/a\nb HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
 		{"plus in query", "GET " + fastBlobPath + "?ns=a+b HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
 		{"semicolon in query", "GET " + fastBlobPath + "?ns=a;b HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
 		{"fragment", "GET " + fastBlobPath + "#x HTTP/1.1\r\nHost: m\r\n\r\n", fastNot},
@@ -121,6 +128,8 @@ func FuzzParseFastRequest(f *testing.F) {
 		}
 		consumed := len(b) - src.Len() - br.Buffered()
 		switch {
+		case path.Clean(req.path) != req.path:
+			t.Fatalf("path %q is not clean", req.path)
 		case r.Method != req.method || r.URL.Path != req.path || r.URL.RawQuery != req.query:
 			t.Fatalf("read as %s %s ? %s, net/http reads %s %s ? %s", req.method, req.path, req.query, r.Method, r.URL.Path, r.URL.RawQuery)
 		case queryValue(req.query, "ns") != r.URL.Query().Get("ns"):
@@ -137,4 +146,16 @@ func FuzzParseFastRequest(f *testing.F) {
 			t.Fatalf("size %d, net/http read %d", req.size, consumed)
 		}
 	})
+}
+
+// BenchmarkParseFastRequest: what reading containerd's layer request costs
+// the blob loop.
+func BenchmarkParseFastRequest(b *testing.B) {
+	req := []byte(containerdRequest)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, v := parseFastRequest(req); v != fastOK {
+			b.Fatal(v)
+		}
+	}
 }
