@@ -55,8 +55,9 @@ func (ep *endpoint) name() string {
 // the larger budget is adopted. Once a session was cut recently, one probe
 // at a time is in flight: that bounds what finding the edge costs (on a path
 // that stalls sessions, one stalled connection rather than a wave). On a
-// path with no recent cut, cleanProbes probe at once, so that the budget
-// grows in fewer connection lifetimes. A size is adopted only once every
+// path with no recent cut, cleanProbes probe at once, and cleanProbes wins
+// in a row adopt their size, so that the budget doubles in about one
+// connection lifetime. A size is adopted only once every
 // probe in flight has settled: a probe that stalls is a failure known late,
 // and holds the others' wins until it is. A probe's connection carries
 // ordinary chunks (see lane): the budget bounds sessions, not chunks, so a
@@ -86,6 +87,9 @@ type budget struct {
 	probing   int   // probe chunks in flight
 	probeSize int64 // the size they probe
 	probeWins int   // probes of probeSize completed in a row
+	// probeClean: the probes of probeSize started on a path with no recent
+	// cut, and none was cut since.
+	probeClean bool
 }
 
 type cutPoint struct {
@@ -95,7 +99,12 @@ type cutPoint struct {
 }
 
 const (
-	// growAfter probes completed in a row at twice the budget adopt it.
+	// growAfter probes completed in a row at twice the budget adopt it, or
+	// cleanProbes on a path with no recent cut: there, a budget that grew
+	// too far is found by the next probes' cuts, which bound the growth
+	// from then on, while one that grows slowly costs a connection set-up
+	// and slow start per budget's worth of bytes: a cold fetch of 600 MiB
+	// over a clean path opened 230 connections at growAfter 8.
 	growAfter = 8
 	// cleanProbes is how many probes may be in flight on a path with no
 	// recent cut. A few: on a path that does cut, each probe above the
@@ -136,10 +145,15 @@ func (b *budget) next(now time.Time) (size int64, probe bool) {
 	if edge == 0 { // no recent cut
 		most = cleanProbes
 	}
-	if b.probing >= most || b.probeWins >= growAfter {
+	if b.probing >= most || b.probeWins >= b.neededLocked() {
 		return b.current, false // enough in flight, or enough won: waiting for the rest to settle
 	}
 	if g := b.growthLocked(edge); g > b.current {
+		if b.probeWins == 0 && b.probing == 0 {
+			b.probeClean = edge == 0 // a new round
+		} else if edge != 0 {
+			b.probeClean = false
+		}
 		b.probing++
 		b.probeSize = g
 		return g, true
@@ -205,7 +219,7 @@ func (b *budget) completed(size int64, probe bool) int64 {
 // a row and none is still in flight: a probe that stalls holds the others'
 // wins until it is known to have failed. It returns the new budget, or 0.
 func (b *budget) adoptLocked() int64 {
-	if b.probing > 0 || b.probeWins < growAfter || b.probeSize <= b.current {
+	if b.probing > 0 || b.probeWins < b.neededLocked() || b.probeSize <= b.current {
 		return 0
 	}
 	b.probeWins = 0
@@ -213,6 +227,15 @@ func (b *budget) adoptLocked() int64 {
 	b.gauge.Set(float64(b.current))
 	b.log.Info("connection budget raised: sessions carry more cleanly", "budget", b.current)
 	return b.current
+}
+
+// neededLocked is how many probes in a row must complete for their size to
+// be adopted.
+func (b *budget) neededLocked() int {
+	if b.probeClean {
+		return cleanProbes
+	}
+	return growAfter
 }
 
 // failed records a probe that ended without evidence either way: its
@@ -239,7 +262,7 @@ func (b *budget) cut(n int64, probe bool, kind string, now time.Time) int64 {
 	if n <= 0 {
 		return 0 // died before carrying anything: an error, not a byte-count cut
 	}
-	b.probeWins = 0
+	b.probeWins, b.probeClean = 0, false
 	b.points[b.nextPoint] = cutPoint{at: now, n: n, probe: probe}
 	b.nextPoint = (b.nextPoint + 1) % cutSamples
 	if b.cfg.MaxConnectionBudget <= b.cfg.ConnectionBudget {
