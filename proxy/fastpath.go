@@ -305,16 +305,15 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	if f.write > 0 {
 		c.ci.tcp.SetWriteDeadline(start.Add(f.write))
 	}
-	get := req.method == http.MethodGet
 	if sec := start.Unix(); sec != c.dateAt {
 		c.date, c.dateAt = start.UTC().AppendFormat(c.date[:0], http.TimeFormat), sec
 	}
 	c.hdr = appendBlobHeader(c.hdr[:0], d, size, c.date)
-	err = writeMore(c.ci.raw, c.hdr, get && size > 0)
-	var n int64
-	if err == nil && get {
-		n, err = sendFD(c.ci.tcp, c.ci.raw, fd, size)
+	body := size
+	if req.method == http.MethodHead {
+		body = 0
 	}
+	n, err := sendBlob(c.ci.tcp, c.ci.raw, c.hdr, fd, body)
 	s.accesses.note(d)
 	s.count(kindBlob, req.method, http.StatusOK, "cache", n)
 	s.logRequest(s.ctx, req.method, req.path, ns, c.remote, http.StatusOK, n, start)

@@ -376,9 +376,10 @@ func TestBlobLoopClientGoesAway(t *testing.T) {
 	}
 }
 
-// TestSendFD sends a file whole, and stops with an error at the end of one
-// shorter than the size it was said to have (a damaged store).
-func TestSendFD(t *testing.T) {
+// TestSendBlob sends a header and a file whole, and stops with an error at
+// the end of a file shorter than the size it was said to have (a damaged
+// store).
+func TestSendBlob(t *testing.T) {
 	content := randomBytes(t, 3<<20)
 	name := t.TempDir() + "/blob"
 	if err := os.WriteFile(name, content, 0o600); err != nil {
@@ -423,13 +424,14 @@ func TestSendFD(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer syscall.Close(fd)
-			n, err := sendFD(tc, raw, fd, tt.size)
+			hdr := []byte("HTTP/1.1 200 OK\r\n\r\n")
+			n, err := sendBlob(tc, raw, hdr, fd, tt.size)
 			c.Close()
 			if n != int64(len(content)) || !errors.Is(err, tt.want) {
 				t.Errorf("sent %d bytes, %v; want %d, %v", n, err, len(content), tt.want)
 			}
-			if got := <-received; !bytes.Equal(got, content) {
-				t.Errorf("received %d bytes, not the file's %d", len(got), len(content))
+			if got := <-received; !bytes.Equal(got, append(hdr, content...)) {
+				t.Errorf("received %d bytes, not the header and the file's %d", len(got), len(hdr)+len(content))
 			}
 		})
 	}
