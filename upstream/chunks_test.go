@@ -864,17 +864,19 @@ func TestBudget(t *testing.T) {
 		b, g, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
 		check(t, "initial", b.get(), mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), mib)
-		for range cleanProbes {
-			checkNext(t, b, t0, 2*mib, true)
+		for range 2 * cleanProbes {
+			checkNext(t, b, t0, 2*mib, true) // on a clean path, every new connection
 		}
-		checkNext(t, b, t0, mib, false) // cleanProbes at a time on a clean path
-		check(t, "a chunk that is no probe", b.completed(mib, false), 0)
-		for range cleanProbes - 1 {
+		for range cleanProbes {
 			check(t, "a probe completes", b.completed(2*mib, true), 0)
 		}
+		checkNext(t, b, t0, mib, false) // enough won: no more probes while the rest settle
+		check(t, "a chunk that is no probe", b.completed(mib, false), 0)
+		for range cleanProbes - 1 {
+			check(t, "a probe settles", b.completed(2*mib, true), 0)
+		}
 		check(t, "budget", b.get(), mib)
-		// On a path with no recent cut, cleanProbes wins in a row adopt.
-		check(t, "the cleanProbes-th probe", b.completed(2*mib, true), 2*mib)
+		check(t, "the last probe settles", b.completed(2*mib, true), 2*mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), 2*mib)
 		check(t, "cleanProbes more", probes(t, b, cleanProbes, t0), 4*mib)
 		checkNext(t, b, t0, 4*mib, false) // at MaxBudget

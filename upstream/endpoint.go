@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"log/slog"
+	"math"
 	"net/url"
 	"slices"
 	"sync"
@@ -55,8 +56,8 @@ func (ep *endpoint) name() string {
 // the larger budget is adopted. Once a session was cut recently, one probe
 // at a time is in flight: that bounds what finding the edge costs (on a path
 // that stalls sessions, one stalled connection rather than a wave). On a
-// path with no recent cut, cleanProbes probe at once, and cleanProbes wins
-// in a row adopt their size, so that the budget doubles in about one
+// path with no recent cut, every new connection is a probe and cleanProbes
+// wins in a row adopt their size, so that the budget doubles in about one
 // connection lifetime. A size is adopted only once every
 // probe in flight has settled: a probe that stalls is a failure known late,
 // and holds the others' wins until it is. A probe's connection carries
@@ -99,17 +100,17 @@ type cutPoint struct {
 }
 
 const (
-	// growAfter probes completed in a row at twice the budget adopt it, or
-	// cleanProbes on a path with no recent cut: there, a budget that grew
-	// too far is found by the next probes' cuts, which bound the growth
-	// from then on, while one that grows slowly costs a connection set-up
-	// and slow start per budget's worth of bytes: a cold fetch of 600 MiB
-	// over a clean path opened 230 connections at growAfter 8.
+	// growAfter probes completed in a row at twice the budget adopt it
+	// once a cut is recent; one is in flight at a time.
 	growAfter = 8
-	// cleanProbes is how many probes may be in flight on a path with no
-	// recent cut. A few: on a path that does cut, each probe above the
-	// cut-off is a session cut, and a re-request that pays set-up and slow
-	// start again.
+	// cleanProbes completed in a row adopt it on a path with no recent cut,
+	// where every new connection is a probe. There, a budget that grows too
+	// far is found by the probes' cuts, which bound it from then on (on the
+	// incident's carrier, about a quarter of the first connections, whose
+	// bytes are kept), while a budget that grows slowly costs a set-up and
+	// slow start per budget's worth of bytes: over a clean path with a
+	// 100 ms round trip, a cold pull took 1.04x containerd's own with four
+	// probes at a time and eight wins to adopt, 1.01x this way (pullbench).
 	cleanProbes = 4
 	// cutMemory is how long a cut point counts.
 	cutMemory = 10 * time.Minute
@@ -142,8 +143,8 @@ func (b *budget) next(now time.Time) (size int64, probe bool) {
 	defer b.mu.Unlock()
 	edge, _ := b.edgeLocked(now, false)
 	most := 1
-	if edge == 0 { // no recent cut
-		most = cleanProbes
+	if edge == 0 { // no recent cut: every new connection
+		most = math.MaxInt
 	}
 	if b.probing >= most || b.probeWins >= b.neededLocked() {
 		return b.current, false // enough in flight, or enough won: waiting for the rest to settle
