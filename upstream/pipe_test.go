@@ -76,7 +76,9 @@ func TestPipeGrowsToFillThePath(t *testing.T) {
 		min, max int           // the limit after a minute
 	}{
 		{"long path", 1e6, time.Millisecond, 60, 64},
-		{"medium path", 4e6, time.Millisecond, 16, 32},
+		// 16 fill the link; 15 keep 94% of it, which a window's goodput
+		// does not always tell from full.
+		{"medium path", 4e6, time.Millisecond, 15, 32},
 		{"short path", 16e6, time.Millisecond, 4, 8},
 		{"few connections fill a path with long set-up: not trimmed", 16e6, 200 * time.Millisecond,
 			initialConnections, initialConnections},
