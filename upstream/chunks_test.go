@@ -833,6 +833,9 @@ func TestBudget(t *testing.T) {
 		return newBudget(cfg, discardLogger, g, cuts), g, cuts
 	}
 	const mib = 1 << 20
+	// lanes in flight: on a path with no recent cut, a quarter of them
+	// (cleanProbes) may probe at once.
+	const lanes = cleanProbes * cleanProbeShare
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	check := func(t *testing.T, what string, got, want int64) {
 		t.Helper()
@@ -842,7 +845,7 @@ func TestBudget(t *testing.T) {
 	}
 	checkNext := func(t *testing.T, b *budget, now time.Time, wantSize int64, wantProbe bool) {
 		t.Helper()
-		if size, probe := b.next(now); size != wantSize || probe != wantProbe {
+		if size, probe := b.next(now, lanes); size != wantSize || probe != wantProbe {
 			t.Errorf("next: got %v, %v, want %v, %v", size, probe, wantSize, wantProbe)
 		}
 	}
@@ -850,7 +853,7 @@ func TestBudget(t *testing.T) {
 	probes := func(t *testing.T, b *budget, n int, now time.Time) (last int64) {
 		t.Helper()
 		for range n {
-			size, probe := b.next(now)
+			size, probe := b.next(now, lanes)
 			if !probe {
 				t.Fatalf("next: got no probe, want one")
 			}
@@ -864,23 +867,31 @@ func TestBudget(t *testing.T) {
 		b, g, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
 		check(t, "initial", b.get(), mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), mib)
-		for range 2 * cleanProbes {
-			checkNext(t, b, t0, 2*mib, true) // on a clean path, every new connection
-		}
 		for range cleanProbes {
-			check(t, "a probe completes", b.completed(2*mib, true), 0)
+			checkNext(t, b, t0, 2*mib, true)
 		}
-		checkNext(t, b, t0, mib, false) // enough won: no more probes while the rest settle
+		checkNext(t, b, t0, mib, false) // a quarter of the lanes at a time on a clean path
 		check(t, "a chunk that is no probe", b.completed(mib, false), 0)
 		for range cleanProbes - 1 {
-			check(t, "a probe settles", b.completed(2*mib, true), 0)
+			check(t, "a probe completes", b.completed(2*mib, true), 0)
 		}
 		check(t, "budget", b.get(), mib)
-		check(t, "the last probe settles", b.completed(2*mib, true), 2*mib)
+		// On a path with no recent cut, cleanProbes wins in a row adopt.
+		check(t, "the cleanProbes-th probe", b.completed(2*mib, true), 2*mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), 2*mib)
 		check(t, "cleanProbes more", probes(t, b, cleanProbes, t0), 4*mib)
 		checkNext(t, b, t0, 4*mib, false) // at MaxBudget
 		check(t, "budget", b.get(), 4*mib)
+	})
+	t.Run("one probe at a time on a clean path with few lanes", func(t *testing.T) {
+		t.Parallel()
+		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
+		if size, probe := b.next(t0, cleanProbeShare); size != 2*mib || !probe {
+			t.Fatalf("next: got %v, %v, want a probe", size, probe)
+		}
+		if size, probe := b.next(t0, cleanProbeShare); size != mib || probe {
+			t.Fatalf("next: got %v, %v, want no probe", size, probe)
+		}
 	})
 	t.Run("adopted once the probes in flight settle", func(t *testing.T) {
 		t.Parallel()
