@@ -817,9 +817,8 @@ func TestFetchBlobAvoidsCorruptEndpoints(t *testing.T) {
 }
 
 // TestBudget checks the budget's arithmetic on a clock of its own: growth
-// by probes of twice the budget, cleanProbes at a time and adopted after as
-// many in a row complete on a path with no recent cut, one at a time and
-// after growAfter once a cut is recent; cuts lowering it.
+// by probes of twice the budget, one at a time, adopted after growAfter in
+// a row complete; cuts lowering it to 3/4 of the smallest cut.
 func TestBudget(t *testing.T) {
 	t.Parallel()
 	newTestBudget := func(t *testing.T, cfg FetchConfig) (*budget, prometheus.Gauge, *prometheus.CounterVec) {
@@ -833,9 +832,6 @@ func TestBudget(t *testing.T) {
 		return newBudget(cfg, discardLogger, g, cuts), g, cuts
 	}
 	const mib = 1 << 20
-	// lanes in flight: on a path with no recent cut, a quarter of them
-	// (cleanProbes) may probe at once.
-	const lanes = cleanProbes * cleanProbeShare
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	check := func(t *testing.T, what string, got, want int64) {
 		t.Helper()
@@ -845,7 +841,7 @@ func TestBudget(t *testing.T) {
 	}
 	checkNext := func(t *testing.T, b *budget, now time.Time, wantSize int64, wantProbe bool) {
 		t.Helper()
-		if size, probe := b.next(now, lanes); size != wantSize || probe != wantProbe {
+		if size, probe := b.next(now); size != wantSize || probe != wantProbe {
 			t.Errorf("next: got %v, %v, want %v, %v", size, probe, wantSize, wantProbe)
 		}
 	}
@@ -853,7 +849,7 @@ func TestBudget(t *testing.T) {
 	probes := func(t *testing.T, b *budget, n int, now time.Time) (last int64) {
 		t.Helper()
 		for range n {
-			size, probe := b.next(now, lanes)
+			size, probe := b.next(now)
 			if !probe {
 				t.Fatalf("next: got no probe, want one")
 			}
@@ -870,66 +866,41 @@ func TestBudget(t *testing.T) {
 		for range cleanProbes {
 			checkNext(t, b, t0, 2*mib, true)
 		}
-		checkNext(t, b, t0, mib, false) // a quarter of the lanes at a time on a clean path
+		checkNext(t, b, t0, mib, false) // cleanProbes at a time on a clean path
 		check(t, "a chunk that is no probe", b.completed(mib, false), 0)
-		for range cleanProbes - 1 {
+		for range cleanProbes {
 			check(t, "a probe completes", b.completed(2*mib, true), 0)
 		}
+		check(t, "probes short of growAfter", probes(t, b, growAfter-cleanProbes-1, t0), 0)
 		check(t, "budget", b.get(), mib)
-		// On a path with no recent cut, cleanProbes wins in a row adopt.
-		check(t, "the cleanProbes-th probe", b.completed(2*mib, true), 2*mib)
+		check(t, "the growAfter-th probe", probes(t, b, 1, t0), 2*mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), 2*mib)
-		check(t, "cleanProbes more", probes(t, b, cleanProbes, t0), 4*mib)
+		check(t, "growAfter more", probes(t, b, growAfter, t0), 4*mib)
 		checkNext(t, b, t0, 4*mib, false) // at MaxBudget
 		check(t, "budget", b.get(), 4*mib)
-	})
-	t.Run("one probe at a time on a clean path with few lanes", func(t *testing.T) {
-		t.Parallel()
-		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
-		if size, probe := b.next(t0, cleanProbeShare); size != 2*mib || !probe {
-			t.Fatalf("next: got %v, %v, want a probe", size, probe)
-		}
-		if size, probe := b.next(t0, cleanProbeShare); size != mib || probe {
-			t.Fatalf("next: got %v, %v, want no probe", size, probe)
-		}
 	})
 	t.Run("adopted once the probes in flight settle", func(t *testing.T) {
 		t.Parallel()
 		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
-		for range cleanProbes {
-			checkNext(t, b, t0, 2*mib, true)
-		}
-		for range cleanProbes - 2 {
-			check(t, "a probe completes", b.completed(2*mib, true), 0)
-		}
-		checkNext(t, b, t0, 2*mib, true) // not yet enough won: another
-		check(t, "the cleanProbes-1-th", b.completed(2*mib, true), 0)
-		check(t, "the cleanProbes-th, with one in flight", b.completed(2*mib, true), 0)
+		probes(t, b, growAfter-2, t0)
+		checkNext(t, b, t0, 2*mib, true)
+		checkNext(t, b, t0, 2*mib, true)
+		checkNext(t, b, t0, 2*mib, true)
+		check(t, "the growAfter-1-th", b.completed(2*mib, true), 0)
+		check(t, "the growAfter-th, with one in flight", b.completed(2*mib, true), 0)
 		checkNext(t, b, t0, mib, false) // enough won: no more probes while the last settles
 		check(t, "the last in flight settles: adopted", b.completed(2*mib, true), 2*mib)
 	})
 	t.Run("a cut restarts the count of probes", func(t *testing.T) {
 		t.Parallel()
 		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 64 * mib})
-		probes(t, b, cleanProbes-1, t0)
+		probes(t, b, growAfter-1, t0)
 		check(t, "a cut above the budget", b.cut(3*mib, false, "reset", t0), 0)
 		// With a recent cut, growAfter probes in a row, one at a time.
 		check(t, "growAfter-1 probes", probes(t, b, growAfter-1, t0), 0)
 		check(t, "the growAfter-th", probes(t, b, 1, t0), 2*mib)
 		// Probes now stop at 3/4 of the cut.
 		checkNext(t, b, t0, 3*mib*3/4, true)
-	})
-	t.Run("a cut during a clean round makes it a cautious one", func(t *testing.T) {
-		t.Parallel()
-		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 64 * mib})
-		for range cleanProbes {
-			checkNext(t, b, t0, 2*mib, true)
-		}
-		check(t, "a probe cut", b.cut(3*mib/2, true, "reset", t0), 0)
-		for range cleanProbes - 1 {
-			check(t, "the others complete", b.completed(2*mib, true), 0)
-		}
-		check(t, "budget", b.get(), mib)
 	})
 	t.Run("one probe at a time once a cut is recent", func(t *testing.T) {
 		t.Parallel()

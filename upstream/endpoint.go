@@ -55,9 +55,8 @@ func (ep *endpoint) name() string {
 // the larger budget is adopted. Once a session was cut recently, one probe
 // at a time is in flight: that bounds what finding the edge costs (on a path
 // that stalls sessions, one stalled connection rather than a wave). On a
-// path with no recent cut, up to a quarter of the connections probe at once
-// and cleanProbes wins in a row adopt their size, so that the budget
-// doubles in about one connection lifetime. A size is adopted only once every
+// path with no recent cut, cleanProbes probe at once, so that the budget
+// grows in fewer connection lifetimes. A size is adopted only once every
 // probe in flight has settled: a probe that stalls is a failure known late,
 // and holds the others' wins until it is. A probe's connection carries
 // ordinary chunks (see lane): the budget bounds sessions, not chunks, so a
@@ -87,9 +86,6 @@ type budget struct {
 	probing   int   // probe chunks in flight
 	probeSize int64 // the size they probe
 	probeWins int   // probes of probeSize completed in a row
-	// probeClean: the probes of probeSize started on a path with no recent
-	// cut, and none was cut since.
-	probeClean bool
 }
 
 type cutPoint struct {
@@ -99,23 +95,13 @@ type cutPoint struct {
 }
 
 const (
-	// growAfter probes completed in a row at twice the budget adopt it
-	// once a cut is recent; one is in flight at a time.
+	// growAfter probes completed in a row at twice the budget adopt it.
 	growAfter = 8
-	// cleanProbes completed in a row adopt it on a path with no recent cut,
-	// where up to a cleanProbeShare-th of the connections in flight are
-	// probes. There, a budget that grows too far is found by the probes'
-	// cuts, which bound it from then on, while a budget that grows slowly
-	// costs a set-up and slow start per budget's worth of bytes: over a
-	// clean path with a 100 ms round trip, 64 connections sharing 64 MB/s,
-	// a doubling took seconds with four probes at a time and eight wins.
+	// cleanProbes is how many probes may be in flight on a path with no
+	// recent cut. A few: on a path that does cut, each probe above the
+	// cut-off is a session cut, and a re-request that pays set-up and slow
+	// start again.
 	cleanProbes = 4
-	// cleanProbeShare: a quarter of the connections at most probe at once
-	// on a path with no recent cut. With all of them, a path that stalls
-	// sessions stalled a wave of them before the first stall was known
-	// (2 s later): a cold pull across the stalling carrier took 1.23x the
-	// clean direct pull instead of 1.03x (pullbench).
-	cleanProbeShare = 4
 	// cutMemory is how long a cut point counts.
 	cutMemory = 10 * time.Minute
 	// cutSamples is how many recent cut points are kept.
@@ -141,25 +127,19 @@ func (b *budget) get() int64 {
 }
 
 // next returns the allowance of a new connection: the budget, or twice it
-// (up to the limit) when the connection is to be a probe. lanes is how many
-// connections to the endpoint may be in flight now.
-func (b *budget) next(now time.Time, lanes int) (size int64, probe bool) {
+// (up to the limit) when the connection is to be a probe.
+func (b *budget) next(now time.Time) (size int64, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	edge, _ := b.edgeLocked(now, false)
 	most := 1
 	if edge == 0 { // no recent cut
-		most = max(1, lanes/cleanProbeShare)
+		most = cleanProbes
 	}
-	if b.probing >= most || b.probeWins >= b.neededLocked() {
+	if b.probing >= most || b.probeWins >= growAfter {
 		return b.current, false // enough in flight, or enough won: waiting for the rest to settle
 	}
 	if g := b.growthLocked(edge); g > b.current {
-		if b.probeWins == 0 && b.probing == 0 {
-			b.probeClean = edge == 0 // a new round
-		} else if edge != 0 {
-			b.probeClean = false
-		}
 		b.probing++
 		b.probeSize = g
 		return g, true
@@ -225,7 +205,7 @@ func (b *budget) completed(size int64, probe bool) int64 {
 // a row and none is still in flight: a probe that stalls holds the others'
 // wins until it is known to have failed. It returns the new budget, or 0.
 func (b *budget) adoptLocked() int64 {
-	if b.probing > 0 || b.probeWins < b.neededLocked() || b.probeSize <= b.current {
+	if b.probing > 0 || b.probeWins < growAfter || b.probeSize <= b.current {
 		return 0
 	}
 	b.probeWins = 0
@@ -233,15 +213,6 @@ func (b *budget) adoptLocked() int64 {
 	b.gauge.Set(float64(b.current))
 	b.log.Info("connection budget raised: sessions carry more cleanly", "budget", b.current)
 	return b.current
-}
-
-// neededLocked is how many probes in a row must complete for their size to
-// be adopted.
-func (b *budget) neededLocked() int {
-	if b.probeClean {
-		return cleanProbes
-	}
-	return growAfter
 }
 
 // failed records a probe that ended without evidence either way: its
@@ -268,7 +239,7 @@ func (b *budget) cut(n int64, probe bool, kind string, now time.Time) int64 {
 	if n <= 0 {
 		return 0 // died before carrying anything: an error, not a byte-count cut
 	}
-	b.probeWins, b.probeClean = 0, false
+	b.probeWins = 0
 	b.points[b.nextPoint] = cutPoint{at: now, n: n, probe: probe}
 	b.nextPoint = (b.nextPoint + 1) % cutSamples
 	if b.cfg.MaxConnectionBudget <= b.cfg.ConnectionBudget {

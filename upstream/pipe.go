@@ -15,14 +15,12 @@ import (
 //
 // The limit adapts to the path. Over a long, fat path each chunk spends
 // round trips in set-up and slow start, so filling the bandwidth-delay
-// product takes many connections at once; over a short one a few do, and
-// the limit drops to shortPathConnections once the first chunk is done on a
-// path found short (see shortLocked). While demand reaches the limit, the
-// goodput of the endpoint's chunks is measured over windows of a chunk
-// lifetime and a half: the limit doubles, and goes on doubling while
-// goodput grows in proportion (by a quarter when it grows less); once a
-// step brings no more goodput it is taken back and the limit holds until
-// growthHold has passed, then tries again. A path found full (or a limit at
+// product takes many connections at once; over a short one a few do. While
+// demand reaches the limit, the goodput of the endpoint's chunks is
+// measured over windows of a chunk lifetime and a half: the limit doubles,
+// and goes on doubling while goodput grows in proportion (by a quarter when
+// it grows less); once a step brings no more goodput it is taken back and
+// the limit holds until growthHold has passed, then tries again. A path found full (or a limit at
 // its ceiling) is then trimmed: a quarter fewer connections each window
 // while the goodput stays within trimKeep of the full path's, down to
 // minTrimmed, the last step taken back once it does not; not on a path that
@@ -66,7 +64,6 @@ type pipe struct {
 	shrank    bool // the limit shrank, from stepFrom, and is to be judged
 	settled   bool // with shrank: a window has passed since, the next is judged
 	stepFrom  int
-	sized     bool      // the path was found short, and the limit fitted to it
 	trimming  bool      // the path was found full: fewer connections are tried while it stays full
 	fullRate  float64   // with trimming: the goodput of the full path, which fewer connections must keep
 	failedAt  time.Time // the last cut, stall or 429/503: no trimming for staleRate after
@@ -85,20 +82,13 @@ const (
 	// cold pull across a 40 ms path to start near full speed, and a
 	// measurement away from filling a 100 ms one.
 	initialConnections = 32
-	// shortPathConnections is where the limit goes once the path is known
-	// to be short (see shortLocked), from the first chunk's release: a few
-	// connections fill a short path, and the limit doubles in a few short
-	// windows where they do not. Starting with initialConnections there
-	// cost 27 to 64 connections in flight for most of a 600 MiB fetch at
-	// 64 MB/s, while trimming found its way down, a CPU-second more (cpubench).
-	shortPathConnections = 4
 	// minConnections is the least the limit shrinks to.
 	minConnections = 2
 	// minTrimmed is the least trimming takes the limit to. With fewer,
 	// each connection's replacement (its budget spent) leaves a gap that
 	// the others do not fill: at 2 on a clean 64 MB/s path, a pull took 5%
 	// longer than containerd's own (pullbench).
-	minTrimmed = shortPathConnections
+	minTrimmed = 4
 	// growthHold is how long the limit holds once goodput stopped rising
 	// with it, before trying again.
 	growthHold = 30 * time.Second
@@ -228,20 +218,6 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 	if p.winStart.IsZero() {
 		p.winStart, p.winBytes = now, p.received.Load()
 		return "", 0
-	}
-	if !p.sized && p.shortLocked() {
-		// Known once a connection opened quickly, which may take a few
-		// while connections are opened in a burst: until then, the path
-		// counts as long.
-		p.sized = true
-		if p.limit > shortPathConnections {
-			// A fresh start: the connections above the new limit drain,
-			// and the first window at it measures it.
-			p.setLimitLocked(shortPathConnections)
-			p.winStart, p.winBytes, p.saturated = now, p.received.Load(), false
-			p.lastRate, p.stepped, p.shrank = 0, false, false
-			return "a short path: starting with a few connections", 0
-		}
 	}
 	elapsed := now.Sub(p.winStart)
 	if elapsed < p.windowLocked() {

@@ -110,43 +110,6 @@ func TestPipeGrowsToFillThePath(t *testing.T) {
 	}
 }
 
-// TestPipeStartsSmallOnAShortPath: once a chunk is done and the path's
-// set-up time known, a short path's limit drops to a few connections (to
-// grow again if they do not fill it); a long path's stays.
-func TestPipeStartsSmallOnAShortPath(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		name  string
-		setup time.Duration
-		want  int
-	}{
-		{"set-up unknown", 0, initialConnections},
-		{"short path", time.Millisecond, shortPathConnections},
-		{"long path", 80 * time.Millisecond, initialConnections},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			p := newTestPipe(64)
-			p.setup = func() time.Duration { return tt.setup }
-			owner := &blobFetch{}
-			var lanes []*lane
-			for range 2 {
-				l, err := p.acquire(t.Context(), owner)
-				if err != nil {
-					t.Fatal(err)
-				}
-				lanes = append(lanes, l)
-			}
-			for _, l := range lanes {
-				p.release(owner, l, time.Second)
-			}
-			if got := p.current(); got != tt.want {
-				t.Errorf("limit after the first chunks: got %d, want %d", got, tt.want)
-			}
-		})
-	}
-}
-
 // TestPipeShrinks: stalls take a quarter off the limit, 429 and 503 half,
 // cuts one, never below minConnections.
 func TestPipeShrinks(t *testing.T) {
