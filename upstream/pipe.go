@@ -16,22 +16,22 @@ import (
 // The limit adapts to the path. Over a long, fat path each chunk spends
 // round trips in set-up and slow start, so filling the bandwidth-delay
 // product takes many connections at once; over a short one a few do. While
-// demand reaches the limit, the goodput of the endpoint's chunks is
-// measured over windows of a chunk lifetime and a half: the limit doubles,
-// and goes on doubling while goodput grows in proportion (by a quarter when
-// it grows less); once a step brings no more goodput it is taken back and
-// the limit holds until growthHold has passed, then tries again. A path found full (or a limit at
-// its ceiling) is then trimmed: a quarter fewer connections each window
-// while the goodput stays within trimKeep of the full path's, down to
-// minTrimmed, the last step taken back once it does not; not on a path that
-// cut or stalled a session in the last staleRate, nor on a long path (see
-// shortLocked). Each connection costs CPU at both ends, and a short path
-// stays full with a few. A regular chunk cut (the path cutting below the
-// budget) takes one connection off, one that stalls a quarter, 429 and 503
-// (the upstream asking for less) a half, the last two with a pause in
-// growth. A probe chunk's cut or stall leaves the limit alone: finding where
-// the path cuts is what it is for. The limit stays within [minConnections,
-// MaxConnections].
+// demand reaches the limit, the goodput of the endpoint's chunks is measured
+// over windows of a chunk lifetime and a half: the limit doubles, and goes
+// on doubling while goodput grows in proportion (by a quarter when it grows
+// less); once a step brings no more goodput it is taken back and the limit
+// holds until growthHold has passed, then tries again. A path found full
+// (or a limit at its ceiling) is then trimmed: a quarter fewer connections
+// each window while the goodput stays within trimKeep of the full path's,
+// down to minTrimmed, the last step taken back once it does not; not on a
+// path that cut or stalled a session in the last staleRate, nor on a long
+// path (see shortLocked). Each connection costs CPU at both ends, and a
+// short path stays full with a few. A regular chunk cut (the path cutting
+// below the budget) takes one connection off, one that stalls a quarter,
+// 429 and 503 (the upstream asking for less) a half, the last two with a
+// pause in growth. A probe chunk's cut or stall leaves the limit alone:
+// finding where the path cuts is what it is for. The limit stays within
+// [minConnections, MaxConnections].
 //
 // Connections go to the waiting blob that holds the fewest, first come first
 // served among equals: one blob alone can use the whole pipe, several share
