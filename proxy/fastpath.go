@@ -43,7 +43,7 @@ func (s *Server) Serve(ln net.Listener, hs *http.Server) error {
 		hs.ConnContext = s.ConnContext
 	}
 	blobs, ok := s.blobs.(blobFDOpener)
-	if !ok { // a store of another kind: net/http serves every request
+	if !ok || !s.blobLoop { // a store of another kind, or the loop turned off: net/http serves every request
 		return hs.Serve(ln)
 	}
 	f := &fastPath{

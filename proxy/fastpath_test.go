@@ -436,3 +436,20 @@ func TestSendBlob(t *testing.T) {
 		})
 	}
 }
+
+// TestBlobLoopTurnedOff: with WithBlobLoop(false), net/http answers every
+// request, on a connection it keeps.
+func TestBlobLoopTurnedOff(t *testing.T) {
+	e := newEnv(t, WithBlobLoop(false))
+	p, content := cachedLayer(t, e, 10<<10)
+	cc := dialProxy(t, e.proxy)
+	for range 3 {
+		cc.send(request("GET", p))
+		if resp, body := cc.response("GET"); resp.StatusCode != http.StatusOK || !bytes.Equal(body, content) {
+			t.Fatalf("GET: %s, %d bytes", resp.Status, len(body))
+		}
+	}
+	if e.srv.fast.Load() != nil {
+		t.Fatal("the blob loop runs though turned off")
+	}
+}

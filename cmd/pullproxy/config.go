@@ -30,6 +30,7 @@ type fileConfig struct {
 	TagTTL          *time.Duration   `yaml:"tag_ttl"`
 	FetchTimeout    *time.Duration   `yaml:"fetch_timeout"`
 	DefaultUpstream string           `yaml:"default_upstream"`
+	BlobLoop        *bool            `yaml:"blob_loop"`
 	Fetch           fetchConfig      `yaml:"fetch"`
 	Upstreams       []upstreamConfig `yaml:"upstreams"`
 
@@ -198,7 +199,7 @@ func (a authConfig) credentials(upstreamName string, log *slog.Logger) (upstream
 
 // defaultConfig is what pullproxy runs with when nothing is configured.
 func defaultConfig() fileConfig {
-	ttl, timeout := 5*time.Minute, time.Hour
+	ttl, timeout, loop := 5*time.Minute, time.Hour, true
 	return fileConfig{
 		Listen:       "127.0.0.1:5000",
 		DataDir:      "./data",
@@ -206,6 +207,7 @@ func defaultConfig() fileConfig {
 		LogFormat:    "text",
 		TagTTL:       &ttl,
 		FetchTimeout: &timeout,
+		BlobLoop:     &loop,
 	}
 }
 

@@ -39,6 +39,7 @@ func TestServeConfig(t *testing.T) {
 listen: 0.0.0.0:6000
 data_dir: /var/lib/pullproxy
 tag_ttl: 30s
+blob_loop: false
 upstreams:
   - name: docker.io
     endpoints:
@@ -53,6 +54,7 @@ upstreams:
 		listen    string
 		dataDir   string
 		tagTTL    time.Duration
+		noLoop    bool
 		upstreams map[string][]string
 	}{
 		{
@@ -71,13 +73,13 @@ upstreams:
 		},
 		{
 			name: "file", args: []string{"--config", file},
-			listen: "0.0.0.0:6000", dataDir: "/var/lib/pullproxy", tagTTL: 30 * time.Second,
+			listen: "0.0.0.0:6000", dataDir: "/var/lib/pullproxy", tagTTL: 30 * time.Second, noLoop: true,
 			upstreams: map[string][]string{"docker.io": {"https://mirror.example"}, "ghcr.io": {"https://ghcr.io"}},
 		},
 		{
 			name:   "flags override the file",
 			args:   []string{"--config", file, "--listen", ":7000", "--data-dir", "/d", "--upstream", "docker.io=https://other.example", "--upstream", "quay.io=https://quay.io"},
-			listen: ":7000", dataDir: "/d", tagTTL: 30 * time.Second,
+			listen: ":7000", dataDir: "/d", tagTTL: 30 * time.Second, noLoop: true,
 			upstreams: map[string][]string{"docker.io": {"https://other.example"}, "ghcr.io": {"https://ghcr.io"}, "quay.io": {"https://quay.io"}},
 		},
 	} {
@@ -86,8 +88,9 @@ upstreams:
 			if err != nil {
 				t.Fatal(err)
 			}
-			if cfg.Listen != tc.listen || cfg.DataDir != tc.dataDir || *cfg.TagTTL != tc.tagTTL {
-				t.Errorf("got listen %q data_dir %q tag_ttl %v, want %q %q %v", cfg.Listen, cfg.DataDir, *cfg.TagTTL, tc.listen, tc.dataDir, tc.tagTTL)
+			if cfg.Listen != tc.listen || cfg.DataDir != tc.dataDir || *cfg.TagTTL != tc.tagTTL || *cfg.BlobLoop == tc.noLoop {
+				t.Errorf("got listen %q data_dir %q tag_ttl %v blob_loop %v, want %q %q %v %v", cfg.Listen, cfg.DataDir, *cfg.TagTTL, *cfg.BlobLoop,
+					tc.listen, tc.dataDir, tc.tagTTL, !tc.noLoop)
 			}
 			got := map[string][]string{}
 			for _, u := range cfg.Upstreams {
@@ -142,6 +145,9 @@ func TestExampleConfig(t *testing.T) {
 		MaxConnections: 64, StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8}
 	if got := cfg.Fetch.options(); got != want {
 		t.Errorf("fetch settings: got %+v, want %+v", got, want)
+	}
+	if !*cfg.BlobLoop {
+		t.Error("blob_loop: got false, want true")
 	}
 	if got := cfg.Upstreams[2].CAFile; got != "/etc/pullproxy/corp-ca.pem" {
 		t.Errorf("ca_file of the third upstream: got %q", got)

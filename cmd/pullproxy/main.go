@@ -174,6 +174,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		proxy.WithMetricsRegistry(reg),
 		proxy.WithTagTTL(*cfg.TagTTL),
 		proxy.WithFetchTimeout(*cfg.FetchTimeout),
+		proxy.WithBlobLoop(*cfg.BlobLoop),
 	}
 	if cfg.DefaultUpstream != "" {
 		opts = append(opts, proxy.WithDefaultUpstream(cfg.DefaultUpstream))
