@@ -88,6 +88,7 @@ type Server struct {
 	defaultUpstream Upstream
 	tagTTL          time.Duration
 	log             *slog.Logger
+	requestLog      *RequestLog // nil: request lines go through log
 	metrics         *metrics
 	gatherer        prometheus.Gatherer
 	mux             *http.ServeMux
@@ -132,6 +133,7 @@ type config struct {
 	tagTTL       time.Duration
 	fetchTimeout time.Duration
 	log          *slog.Logger
+	requestLog   *RequestLog
 	registry     *prometheus.Registry
 	noBlobLoop   bool
 }
@@ -192,6 +194,13 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
+// WithRequestLog writes the line logged per request through l rather than
+// through the logger, which costs more CPU than serving a small blob (see
+// RequestLog). The logger's level still decides whether the line is written.
+func WithRequestLog(l *RequestLog) Option {
+	return func(c *config) error { c.requestLog = l; return nil }
+}
+
 // WithBlobLoop sets whether Serve serves stored blobs on kept-alive
 // connections with a loop of its own (see fastPath) rather than net/http.
 // Default: true. Turning it off costs CPU per request, about half at small
@@ -225,15 +234,16 @@ func New(opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("proxy: registering metrics: %w", err)
 	}
 	s := &Server{
-		blobs:     c.store,
-		manifests: c.store,
-		tags:      c.store,
-		upstreams: map[string]Upstream{},
-		tagTTL:    c.tagTTL,
-		blobLoop:  !c.noBlobLoop,
-		log:       c.log,
-		metrics:   m,
-		gatherer:  c.registry,
+		blobs:      c.store,
+		manifests:  c.store,
+		tags:       c.store,
+		upstreams:  map[string]Upstream{},
+		tagTTL:     c.tagTTL,
+		blobLoop:   !c.noBlobLoop,
+		log:        c.log,
+		requestLog: c.requestLog,
+		metrics:    m,
+		gatherer:   c.registry,
 	}
 	for _, u := range c.upstreams {
 		name := upstream.CanonicalName(u.Name())
@@ -372,10 +382,20 @@ func (s *Server) logRequest(ctx context.Context, method, urlPath, ns, remote str
 		return
 	}
 	now := time.Now()
-	rec := slog.NewRecord(now, slog.LevelInfo, "request", 0)
-	rec.AddAttrs(slog.String("method", method), slog.String("path", urlPath), slog.String("ns", ns),
-		slog.Int("status", status), slog.Int64("bytes", written),
-		slog.Duration("duration", now.Sub(start).Round(time.Microsecond)), slog.String("remote", remote))
+	s.writeRequestLine(ctx, h, &requestLine{time: now, method: method, path: urlPath, ns: ns, remote: remote,
+		status: status, bytes: written, duration: now.Sub(start).Round(time.Microsecond)})
+}
+
+// writeRequestLine writes line through the request log, or through h
+// when there is none or the line has a value it leaves to slog.
+func (s *Server) writeRequestLine(ctx context.Context, h slog.Handler, line *requestLine) {
+	if s.requestLog != nil && s.requestLog.write(line) {
+		return
+	}
+	rec := slog.NewRecord(line.time, slog.LevelInfo, "request", 0)
+	rec.AddAttrs(slog.String("method", line.method), slog.String("path", line.path), slog.String("ns", line.ns),
+		slog.Int("status", line.status), slog.Int64("bytes", line.bytes),
+		slog.Duration("duration", line.duration), slog.String("remote", line.remote))
 	h.Handle(ctx, rec)
 }
 

@@ -147,6 +147,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	log = slog.New(flushingHandler{log.Handler(), logOut})
+	requestLog, err := proxy.NewRequestLog(logOut, cfg.LogFormat)
+	if err != nil {
+		return err
+	}
 	if cfg.CPUProfile != "" {
 		stop, err := startCPUProfile(cfg.CPUProfile)
 		if err != nil {
@@ -171,6 +175,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	opts := []proxy.Option{
 		proxy.WithStore(store),
 		proxy.WithLogger(log),
+		proxy.WithRequestLog(requestLog),
 		proxy.WithMetricsRegistry(reg),
 		proxy.WithTagTTL(*cfg.TagTTL),
 		proxy.WithFetchTimeout(*cfg.FetchTimeout),
