@@ -121,9 +121,10 @@ func (c *tokenCache) forget(key string) {
 // Concurrent callers share one fetch, which runs detached from any one of
 // them, so a caller that gives up neither waits for it nor cancels it.
 // creds, when it returns ok, gives the basic credentials to send to the
-// token endpoint (authenticated pulls); else the token is anonymous.
+// token endpoint at realm (authenticated pulls); else the token is
+// anonymous.
 func (c *tokenCache) get(ctx context.Context, ch challenge, scope string,
-	creds func(context.Context) (user, pass string, ok bool, err error)) (string, string, error) {
+	creds func(ctx context.Context, realm *url.URL) (user, pass string, ok bool, err error)) (string, string, error) {
 	realm, service := ch.params["realm"], ch.params["service"]
 	if realm == "" {
 		return "", "", errors.New("bearer challenge names no realm")
@@ -164,7 +165,7 @@ func (c *tokenCache) get(ctx context.Context, ch challenge, scope string,
 }
 
 func (c *tokenCache) fetch(ctx context.Context, realm, service, scope string,
-	creds func(context.Context) (string, string, bool, error)) (token, error) {
+	creds func(context.Context, *url.URL) (string, string, bool, error)) (token, error) {
 	u, err := url.Parse(realm)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") {
 		return token{}, fmt.Errorf("token realm %q is not an http(s) URL", realm)
@@ -182,7 +183,7 @@ func (c *tokenCache) fetch(ctx context.Context, realm, service, scope string,
 		return token{}, err
 	}
 	if creds != nil {
-		user, pass, ok, err := creds(ctx)
+		user, pass, ok, err := creds(ctx, u)
 		if err != nil {
 			return token{}, fmt.Errorf("credentials for the token from %s: %w", u.Host, err)
 		}

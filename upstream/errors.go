@@ -116,6 +116,13 @@ func (r *Registry) statusError(host, op string, resp *http.Response) *Error {
 	if resp.StatusCode == http.StatusTooManyRequests {
 		e.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"))
 	}
+	if resp.Request != nil && resp.Request.URL != nil && r.targets != nil && !r.targets.isEndpoint(resp.Request.URL) {
+		// A redirect target (object storage, a CDN) is not the registry:
+		// what it says is not for clients to read, and may echo what it
+		// was sent.
+		e.Message = strings.ToLower(http.StatusText(resp.StatusCode)) + " (from " + resp.Request.URL.Host + ", where the registry redirected)"
+		return e
+	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<10))
 	var oe ociErrors
 	if json.Unmarshal(body, &oe) == nil && len(oe.Errors) > 0 {
@@ -143,7 +150,11 @@ func (r *Registry) transportError(host, op string, err error) *Error {
 			err = fmt.Errorf("%s %s: %w", ue.Op, u.Redacted(), ue.Err)
 		}
 	}
-	return &Error{Upstream: r.name, Endpoint: host, Op: op, Kind: ErrUnavailable, Err: err}
+	kind := ErrUnavailable
+	if errors.Is(err, errTargetRefused) {
+		kind = ErrInvalid // the upstream sent pullproxy somewhere it does not go: asking again will not help
+	}
+	return &Error{Upstream: r.name, Endpoint: host, Op: op, Kind: kind, Err: err}
 }
 
 func parseRetryAfter(v string) time.Duration {

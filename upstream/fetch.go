@@ -556,6 +556,10 @@ func (f *blobFetch) open(ctx context.Context, l *lane, c chunk) (*http.Response,
 			return nil, q.op(), &Error{Upstream: f.r.name, Endpoint: f.ep.host, Op: q.op(), Status: resp.StatusCode,
 				Kind: ErrInvalid, Message: "redirect without a usable Location"}
 		}
+		if err := f.r.targets.checkRedirect(resp.Request.URL, loc); err != nil {
+			return nil, q.op(), &Error{Upstream: f.r.name, Endpoint: f.ep.host, Op: q.op(), Status: resp.StatusCode,
+				Kind: ErrInvalid, Err: err}
+		}
 		f.mu.Lock()
 		f.location = loc
 		f.mu.Unlock()

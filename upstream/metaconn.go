@@ -65,8 +65,8 @@ func (r *Registry) newMetaTransport(base http.RoundTripper) *metaTransport {
 		return mt // a caller's own RoundTripper: used as it is, with retries
 	}
 	mt.meter = newMeter(r.endpoints, r.fetch.MinConnectionBudget)
-	mt.pooled = mt.meter.transport(t, true)
-	mt.fresh = mt.meter.transport(t, false)
+	mt.pooled = mt.meter.transport(t, true, r.targets.guard)
+	mt.fresh = mt.meter.transport(t, false, r.targets.guard)
 	return mt
 }
 
@@ -154,7 +154,7 @@ func (t *metaTransport) evidence(c *meteredConn, err error) string {
 // a TLS peer the client refuses or that refuses the client, which another
 // connection will not change.
 func retryable(ctx context.Context, err error) bool {
-	if ctx.Err() != nil {
+	if ctx.Err() != nil || errors.Is(err, errTargetRefused) {
 		return false
 	}
 	var op *net.OpError
@@ -258,7 +258,7 @@ func dialAddr(u *url.URL) string {
 // session, the very thing the budget must bound, and a session refusing a
 // request would fail the streams in flight on it rather than be replaced.
 // Over HTTP/1.1 a cut fails the one request on its connection.
-func (m *meter) transport(base *http.Transport, pooled bool) *http.Transport {
+func (m *meter) transport(base *http.Transport, pooled bool, guard func(dialFunc) dialFunc) *http.Transport {
 	t := base.Clone()
 	t.DisableKeepAlives = !pooled
 	t.ForceAttemptHTTP2 = false
@@ -274,9 +274,9 @@ func (m *meter) transport(base *http.Transport, pooled bool) *http.Transport {
 	if dial == nil {
 		dial = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	}
-	t.DialContext = m.dialer(dial, pooled)
+	t.DialContext = m.dialer(guard(dial), pooled)
 	if t.DialTLSContext != nil {
-		t.DialTLSContext = m.dialer(t.DialTLSContext, pooled)
+		t.DialTLSContext = m.dialer(guard(t.DialTLSContext), pooled)
 	}
 	return t
 }

@@ -55,6 +55,7 @@ type Registry struct {
 	challenges sync.Map // host → challenge
 	limit      rateLimit
 	corrupt    corruptBlobs // blobs that failed verification, by endpoint
+	targets    *targets     // where requests may go besides the endpoints, and with which credentials
 
 	buffers sync.Pool // *[]byte of fetchBufferSize, one per running fetch
 }
@@ -71,6 +72,11 @@ type options struct {
 	creds     Credentials
 	regions   map[string]string // endpoint URL → region
 	tls       *tls.Config
+	realms    []string // token realm hosts credentials may go to
+	allow     []string // redirect targets allowed whatever their address
+	// policy replaces how addresses are classified and names resolved:
+	// tests, whose every address is a loopback one.
+	policy func(*targets)
 }
 
 // WithTransport sets the HTTP transport. Default: a transport with sane
@@ -118,6 +124,23 @@ func WithEndpointRegion(endpointURL, region string) Option {
 // Default: the transport's settings (the system's roots).
 func WithTLSConfig(c *tls.Config) Option {
 	return func(o *options) error { o.tls = c; return nil }
+}
+
+// WithTokenRealmHosts lists hosts, besides the endpoints' own, that a
+// token realm may be on and still be sent the upstream's credentials
+// (https only). Docker Hub's auth.docker.io and GitLab's gitlab.com are
+// known. A realm on any other host is asked for an anonymous token.
+func WithTokenRealmHosts(hosts ...string) Option {
+	return func(o *options) error { o.realms = append(o.realms, hosts...); return nil }
+}
+
+// WithRedirectAllow lists hosts, addresses and networks (CIDR) that the
+// upstream's redirects may go to although they are loopback, link-local or
+// private (and, for hosts, over plain http from an https endpoint). Default:
+// none beyond the kinds of address the endpoints themselves were reached
+// at.
+func WithRedirectAllow(entries ...string) Option {
+	return func(o *options) error { o.allow = append(o.allow, entries...); return nil }
 }
 
 // WithFetchConfig tunes blob fetching; see FetchConfig for the defaults.
@@ -197,7 +220,6 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 	} else { // a caller's own transport: used as it is
 		r.ownChunks = &http.Client{Transport: o.transport, CheckRedirect: noRedirects}
 	}
-	r.tokens = newTokenCache(r.client)
 	r.buffers.New = func() any { b := make([]byte, fetchBufferSize); return &b }
 	for _, e := range endpoints {
 		u, err := url.Parse(e)
@@ -227,9 +249,28 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			ep.pipe.setup = func() time.Duration { return r.dialer.shortestSetup(key) }
 		}
 	}
+	urls := make([]*url.URL, len(r.endpoints))
+	for i, ep := range r.endpoints {
+		urls[i] = ep.url
+	}
+	var proxy func(*http.Request) (*url.URL, error)
+	if t, ok := o.transport.(*http.Transport); ok {
+		proxy = t.Proxy
+	}
+	if r.targets, err = newTargets(r.log, urls, proxy, o.realms, o.allow); err != nil {
+		return nil, fmt.Errorf("upstream %s: %w", name, err)
+	}
+	if o.policy != nil {
+		o.policy(r.targets)
+	}
+	if r.dialer != nil {
+		r.dialer.dial = r.targets.guard(r.dialer.dial)
+	}
 	// Set once the endpoints are known: it holds each connection to its
 	// endpoint's budget. The token cache shares the client.
 	r.client.Transport = r.newMetaTransport(o.transport)
+	r.client.CheckRedirect = r.targets.clientRedirect
+	r.tokens = newTokenCache(r.client)
 	return r, nil
 }
 
@@ -379,8 +420,12 @@ func (r *Registry) send(ctx context.Context, ep *endpoint, q request) (*http.Res
 	}
 	resp.Body.Close()
 	r.challenges.Store(ep.host, ch)
-	tok, key, err := r.tokens.get(ctx, ch, scope, func(ctx context.Context) (string, string, bool, error) {
+	tok, key, err := r.tokens.get(ctx, ch, scope, func(ctx context.Context, realm *url.URL) (string, string, bool, error) {
 		if r.creds == nil {
+			return "", "", false, nil
+		}
+		if err := r.targets.realmCredentials(realm, ep.url); err != nil {
+			r.targets.withheld(realm, err)
 			return "", "", false, nil
 		}
 		return r.creds.Basic(ctx, who)
