@@ -12,11 +12,16 @@
 //	├── partial/
 //	│   ├── sha256-ab12…ef           a blob being downloaded, written at its offsets
 //	│   └── put-…                    a small blob being stored whole (PutBlob)
+//	├── quarantine/
+//	│   └── sha256-ab12…ef-<time>    a blob found damaged on disk, kept for a look
 //	└── meta/                         Badger: tags, media types, sizes, last access,
 //	                                  declared sizes, download progress
 //
 // A blob reaches blobs/ only by rename after its size and digest have been
-// checked, so a file there is always complete and correct. Files in partial/
+// checked, so a file there is complete and correct when it arrives. What
+// the disk does to it later is caught by a size check at every open, a
+// digest check at every manifest read, and a background scrub (see
+// damage.go): a damaged blob is quarantined and fetched again. Files in partial/
 // are never served from cache: a reader of an in-flight blob goes through the
 // Partial that owns it. A download's progress (the ranges written, the
 // running hash) is checkpointed in Badger under partial/<digest>, so a

@@ -171,6 +171,7 @@ func (s *Store) Touch(ctx context.Context, d digest.Digest) error {
 
 func (s *Store) recordBlob(ctx context.Context, d digest.Digest, size int64) error {
 	now := time.Now()
+	s.sizes.Store(d, size)
 	return s.update(blobKey(d), func(rec *BlobRecord) bool {
 		rec.Size = size
 		rec.LastAccess = now

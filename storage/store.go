@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/dgraph-io/badger/v4"
@@ -37,6 +39,9 @@ type Store struct {
 	blobs string // root/blobs, joined once: blobPath runs on every blob served
 	db    *badger.DB
 	log   *slog.Logger
+
+	sizes   sync.Map     // digest.Digest → int64: committed sizes read so far (see recordedSize)
+	damaged atomic.Int64 // blobs found damaged and quarantined
 }
 
 // Option configures Open.
@@ -159,6 +164,10 @@ func (s *Store) OpenBlobFD(ctx context.Context, d digest.Digest) (fd int, size i
 	if err != nil {
 		return -1, 0, fmt.Errorf("opening blob %s: %w", d, err)
 	}
+	if err := s.checkSize(d, fd, size); err != nil {
+		syscall.Close(fd)
+		return -1, 0, err
+	}
 	return fd, size, nil
 }
 
@@ -204,6 +213,15 @@ func (s *Store) StatBlob(ctx context.Context, d digest.Digest) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("stat blob %s: %w", d, err)
 	}
+	if want, ok := s.recordedSize(d); ok && want != fi.Size() {
+		// Opened, it is checked and quarantined as any read would.
+		fd, size, err := s.OpenBlobFD(ctx, d)
+		if err != nil {
+			return 0, err
+		}
+		syscall.Close(fd)
+		return size, nil
+	}
 	return fi.Size(), nil
 }
 
@@ -221,6 +239,12 @@ func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, limit int64) ([]b
 	b := make([]byte, size)
 	if _, err := io.ReadFull(f, b); err != nil {
 		return nil, fmt.Errorf("reading blob %s: %w", d, err)
+	}
+	// Small and read whole: checked on every read.
+	if got := d.Algorithm().FromBytes(b); got != d {
+		why := "its content hashes to " + got.String()
+		s.quarantine(d, int(f.Fd()), why)
+		return nil, fmt.Errorf("blob %s: %w: %w: %s", d, ErrNotFound, ErrDamaged, why)
 	}
 	return b, nil
 }
