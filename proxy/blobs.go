@@ -15,6 +15,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // serveBlob answers HEAD and GET of a blob: from the store when it holds the
@@ -143,6 +144,8 @@ func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d di
 		} else if errors.Is(err, errStored) {
 			size, err = s.blobs.StatBlob(r.Context(), d)
 		}
+	} else if err == nil {
+		size, err = s.declaredHead(r.Context(), rt, d, size)
 	}
 	if err != nil {
 		s.fail(w, r, rt, err)
@@ -150,6 +153,24 @@ func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d di
 	}
 	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 	w.WriteHeader(http.StatusOK)
+}
+
+// declaredHead checks the size an upstream's HEAD gave for d against the
+// one a manifest of rt's repository declared, if any, and returns what a
+// GET would deliver: the declared size, for the download fetches that many
+// bytes (an upstream holding more, such as a blob stored twice, still
+// verifies); an error, as the download's, when the upstream holds fewer.
+func (s *Server) declaredHead(ctx context.Context, rt route, d digest.Digest, size int64) (int64, error) {
+	declared, err := s.blobs.DeclaredSize(ctx, rt.up.Name(), rt.repo, d)
+	if err != nil || declared < 0 || declared == size {
+		return size, nil
+	}
+	if size < declared {
+		return 0, &upstream.Error{Upstream: rt.up.Name(), Op: "HEAD /v2/" + rt.repo + "/blobs/" + d.String(),
+			Status: http.StatusOK, Kind: upstream.ErrInvalid,
+			Message: fmt.Sprintf("the upstream holds %s as %d bytes, fewer than the %d the manifest declares", d, size, declared)}
+	}
+	return declared, nil
 }
 
 // serveDownload streams a blob from its download as its bytes land. The

@@ -86,7 +86,11 @@ func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (ups
 		// cache the content by digest but not the tag.
 		return s.lookupTag(ctx, rt, accept)
 	}
-	v, err, _ := s.shared(ctx, "tag "+name+"/"+rt.repo+":"+rt.ref, func(ctx context.Context) (any, error) {
+	key := "tag " + name + "/" + rt.repo + ":" + rt.ref
+	if err, ok := s.notFound.get(key); ok {
+		return upstream.Descriptor{}, err
+	}
+	v, err, _ := s.shared(ctx, key, func(ctx context.Context) (any, error) {
 		desc, err := s.lookupTag(ctx, rt, allManifestTypes)
 		if err != nil {
 			return nil, err
@@ -99,6 +103,9 @@ func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (ups
 	})
 	if err == nil {
 		return v.(upstream.Descriptor), nil
+	}
+	if errors.Is(err, upstream.ErrNotFound) {
+		s.notFound.put(key, err)
 	}
 	if cached && !errors.Is(err, upstream.ErrNotFound) && ctx.Err() == nil {
 		s.metrics.staleTags.WithLabelValues(name).Inc()
@@ -149,6 +156,10 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 		body      []byte
 		mediaType string
 	}
+	key := "manifest " + rt.up.Name() + "/" + rt.repo + "@" + d.String()
+	if err, ok := s.notFound.get(key); ok {
+		return nil, "", err
+	}
 	v, err, _ := s.shared(ctx, "manifest "+d.String(), func(ctx context.Context) (any, error) {
 		// By digest the content is fixed whatever the Accept header says;
 		// asking for every type keeps registries from converting it.
@@ -165,6 +176,9 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 		return result{body, desc.MediaType}, nil
 	})
 	if err != nil {
+		if errors.Is(err, upstream.ErrNotFound) {
+			s.notFound.put(key, err)
+		}
 		return nil, "", err
 	}
 	res := v.(result)

@@ -77,6 +77,8 @@ func TestRegistryAPI(t *testing.T) {
 		{name: "push refused", method: "PUT", path: "/v2/test/app/manifests/v2" + ns, status: 405, code: "UNSUPPORTED"},
 		{name: "upload refused", method: "POST", path: "/v2/test/app/blobs/uploads/" + ns, status: 405, code: "UNSUPPORTED"},
 		{name: "delete refused", method: "DELETE", path: "/v2/test/app/blobs/" + layer.String() + ns, status: 405, code: "UNSUPPORTED"},
+		{name: "write to the base refused", method: "PUT", path: "/v2/", status: 405, code: "UNSUPPORTED"},
+		{name: "write to the base without slash refused", method: "POST", path: "/v2", status: 405, code: "UNSUPPORTED"},
 		{name: "catalog unsupported", method: "GET", path: "/v2/_catalog", status: 404, code: "UNSUPPORTED"},
 	} {
 		// Sequential: later cases rely on what earlier ones cached.

@@ -171,3 +171,56 @@ func TestFailedDownloadEndsReadersAtOnce(t *testing.T) {
 		t.Error("no chunk hung: the test proved nothing")
 	}
 }
+
+// sizeLiar answers HEADs of one blob with a Content-Length of its own.
+type sizeLiar struct {
+	next   http.Handler
+	blob   string
+	length int64
+}
+
+func (l *sizeLiar) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodHead || !strings.HasSuffix(r.URL.Path, "/blobs/"+l.blob) {
+		l.next.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("Content-Length", strconv.FormatInt(l.length, 10))
+	w.WriteHeader(http.StatusOK)
+}
+
+// TestHeadOfColdBlobSaysWhatGetDelivers: a HEAD of a blob not yet stored
+// answers the size the manifest declared, whatever the upstream's HEAD
+// claims beyond it (a GET fetches the declared bytes), and fails, as the
+// GET would, when the upstream claims fewer.
+func TestHeadOfColdBlobSaysWhatGetDelivers(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		claim  func(declared int64) int64
+		status int
+	}{
+		{"upstream claims twice the size", func(d int64) int64 { return 2 * d }, http.StatusOK},
+		{"upstream claims 50 GiB", func(int64) int64 { return 50 << 30 }, http.StatusOK},
+		{"upstream claims fewer bytes", func(d int64) int64 { return d / 2 }, http.StatusBadGateway},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			img := e.push("test/app", "v1", 200_000, 1)
+			layer, content := layerDigest(t, img, 0)
+			declared := int64(len(content))
+			e.counter.next = &sizeLiar{next: e.counter.next, blob: layer.String(), length: tt.claim(declared)}
+			ns := "?ns=" + upstreamName
+			if resp, _ := e.get("GET", "/v2/test/app/manifests/v1"+ns, nil); resp.StatusCode != http.StatusOK {
+				t.Fatalf("manifest: got status %d, want 200", resp.StatusCode)
+			}
+			resp, body := e.get("HEAD", "/v2/test/app/blobs/"+layer.String()+ns, nil)
+			if resp.StatusCode != tt.status {
+				t.Fatalf("HEAD: got %d %s, want %d", resp.StatusCode, body, tt.status)
+			}
+			if tt.status == http.StatusOK && resp.ContentLength != declared {
+				t.Errorf("HEAD: Content-Length %d, want the declared %d", resp.ContentLength, declared)
+			}
+		})
+	}
+}

@@ -87,6 +87,7 @@ type Server struct {
 	upstreams       map[string]Upstream
 	defaultUpstream Upstream
 	tagTTL          time.Duration
+	notFound        *notFound // tags and manifests upstreams said they lack, briefly
 	log             *slog.Logger
 	requestLog      *RequestLog // nil: request lines go through log
 	metrics         *metrics
@@ -131,6 +132,7 @@ type config struct {
 	upstreams    []Upstream
 	defaultName  string
 	tagTTL       time.Duration
+	notFoundTTL  time.Duration
 	fetchTimeout time.Duration
 	log          *slog.Logger
 	requestLog   *RequestLog
@@ -168,6 +170,20 @@ func WithTagTTL(d time.Duration) Option {
 			return fmt.Errorf("negative tag TTL %v", d)
 		}
 		c.tagTTL = d
+		return nil
+	}
+}
+
+// WithNotFoundTTL sets how long an upstream's 404 for a tag or a manifest
+// is answered from memory, without asking again. 0 turns it off. Default:
+// 5 seconds: long enough to absorb a crash loop, short enough that a tag
+// pushed meanwhile is found at once.
+func WithNotFoundTTL(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("negative not-found TTL %v", d)
+		}
+		c.notFoundTTL = d
 		return nil
 	}
 }
@@ -217,7 +233,7 @@ func WithMetricsRegistry(reg *prometheus.Registry) Option {
 
 // New returns a Server.
 func New(opts ...Option) (*Server, error) {
-	c := config{tagTTL: 5 * time.Minute, fetchTimeout: time.Hour, log: slog.Default()}
+	c := config{tagTTL: 5 * time.Minute, notFoundTTL: 5 * time.Second, fetchTimeout: time.Hour, log: slog.Default()}
 	for _, o := range opts {
 		if err := o(&c); err != nil {
 			return nil, err
@@ -239,6 +255,7 @@ func New(opts ...Option) (*Server, error) {
 		tags:       c.store,
 		upstreams:  map[string]Upstream{},
 		tagTTL:     c.tagTTL,
+		notFound:   newNotFound(c.notFoundTTL),
 		blobLoop:   !c.noBlobLoop,
 		log:        c.log,
 		requestLog: c.requestLog,
@@ -318,6 +335,12 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 	ns := queryValue(r.URL.RawQuery, "ns")
 	defer s.finish(r, ns, rw, start, &kind)
 
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		w.Header().Set("Allow", "GET, HEAD")
+		writeError(w, r, &ociError{status: http.StatusMethodNotAllowed, code: "UNSUPPORTED",
+			message: "pullproxy is a read-only mirror: " + r.Method + " is not supported"})
+		return rw
+	}
 	if r.URL.Path == "/v2/" || r.URL.Path == "/v2" {
 		kind = "ping"
 		w.Header().Set("Content-Type", "application/json")
@@ -325,12 +348,6 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 		if r.Method != http.MethodHead {
 			w.Write([]byte("{}"))
 		}
-		return rw
-	}
-	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, r, &ociError{status: http.StatusMethodNotAllowed, code: "UNSUPPORTED",
-			message: "pullproxy is a read-only mirror: " + r.Method + " is not supported"})
 		return rw
 	}
 	rt, err := s.resolve(r.Method, r.URL.Path, ns)
