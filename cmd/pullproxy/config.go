@@ -28,9 +28,12 @@ type fileConfig struct {
 	LogLevel        string           `yaml:"log_level"`
 	LogFormat       string           `yaml:"log_format"`
 	TagTTL          *time.Duration   `yaml:"tag_ttl"`
+	NotFoundTTL     *time.Duration   `yaml:"not_found_ttl"` // how long an upstream's 404 is answered from memory
 	FetchTimeout    *time.Duration   `yaml:"fetch_timeout"`
 	DefaultUpstream string           `yaml:"default_upstream"`
 	BlobLoop        *bool            `yaml:"blob_loop"`
+	ScrubRate       *byteSize        `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
+	ScrubInterval   *time.Duration   `yaml:"scrub_interval"` // from one scrub pass's start to the next's
 	Fetch           fetchConfig      `yaml:"fetch"`
 	Upstreams       []upstreamConfig `yaml:"upstreams"`
 
@@ -106,6 +109,12 @@ type upstreamConfig struct {
 	// InsecureSkipVerify accepts any certificate from this upstream: for a
 	// lab only; logged as a warning at every start.
 	InsecureSkipVerify bool `yaml:"insecure_skip_verify"`
+	// TokenRealmHosts are hosts besides the endpoints' that a token realm
+	// may be on and still be sent the credentials.
+	TokenRealmHosts []string `yaml:"token_realm_hosts"`
+	// RedirectAllow are hosts, addresses and networks that redirects may
+	// go to although they are loopback, link-local or private.
+	RedirectAllow []string `yaml:"redirect_allow"`
 }
 
 // tlsConfig returns the upstream's TLS settings, or nil for the defaults.
@@ -199,15 +208,19 @@ func (a authConfig) credentials(upstreamName string, log *slog.Logger) (upstream
 
 // defaultConfig is what pullproxy runs with when nothing is configured.
 func defaultConfig() fileConfig {
-	ttl, timeout, loop := 5*time.Minute, time.Hour, true
+	ttl, notFoundTTL, timeout, loop := 5*time.Minute, 5*time.Second, time.Hour, true
+	scrubRate, scrubInterval := byteSize(16<<20), 24*time.Hour
 	return fileConfig{
-		Listen:       "127.0.0.1:5000",
-		DataDir:      "./data",
-		LogLevel:     "info",
-		LogFormat:    "text",
-		TagTTL:       &ttl,
-		FetchTimeout: &timeout,
-		BlobLoop:     &loop,
+		Listen:        "127.0.0.1:5000",
+		DataDir:       "./data",
+		LogLevel:      "info",
+		LogFormat:     "text",
+		TagTTL:        &ttl,
+		NotFoundTTL:   &notFoundTTL,
+		FetchTimeout:  &timeout,
+		BlobLoop:      &loop,
+		ScrubRate:     &scrubRate,
+		ScrubInterval: &scrubInterval,
 	}
 }
 
@@ -289,6 +302,9 @@ func (c *fileConfig) validate() error {
 			}
 		}
 		seen[name] = true
+	}
+	if (c.ScrubRate != nil && *c.ScrubRate < 0) || (c.ScrubInterval != nil && *c.ScrubInterval <= 0) {
+		errs = append(errs, fmt.Errorf("scrub_rate must be 0 (off) or more, and scrub_interval more than 0"))
 	}
 	if c.DefaultUpstream != "" && !seen[upstream.CanonicalName(c.DefaultUpstream)] {
 		errs = append(errs, fmt.Errorf("default_upstream %s is not among the upstreams", c.DefaultUpstream))

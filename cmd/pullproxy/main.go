@@ -171,6 +171,22 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer store.Close()
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_store_damaged_blobs_total",
+		Help: "Stored blobs found damaged on disk (wrong size or digest) and quarantined, to be fetched again."},
+		func() float64 { return float64(store.Damaged()) }))
+	if rate := int64(deref(cfg.ScrubRate)); rate > 0 {
+		sc := storage.NewScrubber(store, rate)
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_scrub_read_bytes_total",
+			Help: "Bytes the background scrub read to re-hash stored blobs."},
+			func() float64 { return float64(sc.Read()) }))
+		scrubCtx, stopScrub := context.WithCancel(ctx)
+		scrubDone := make(chan struct{})
+		go func() {
+			defer close(scrubDone)
+			runScrubs(scrubCtx, sc, deref(cfg.ScrubInterval), log)
+		}()
+		defer func() { stopScrub(); <-scrubDone }()
+	}
 
 	opts := []proxy.Option{
 		proxy.WithStore(store),
@@ -178,6 +194,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		proxy.WithRequestLog(requestLog),
 		proxy.WithMetricsRegistry(reg),
 		proxy.WithTagTTL(*cfg.TagTTL),
+		proxy.WithNotFoundTTL(deref(cfg.NotFoundTTL)),
 		proxy.WithFetchTimeout(*cfg.FetchTimeout),
 		proxy.WithBlobLoop(*cfg.BlobLoop),
 	}
@@ -197,7 +214,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		upOpts := []upstream.Option{upstream.WithLogger(log), upstream.WithMetrics(upMetrics),
 			upstream.WithTransport(transport), upstream.WithFetchConfig(cfg.Fetch.options()),
-			upstream.WithCredentials(creds), upstream.WithTLSConfig(tlsCfg)}
+			upstream.WithCredentials(creds), upstream.WithTLSConfig(tlsCfg),
+			upstream.WithTokenRealmHosts(u.TokenRealmHosts...), upstream.WithRedirectAllow(u.RedirectAllow...)}
 		var urls []string
 		for _, e := range u.Endpoints {
 			urls = append(urls, e.URL)
@@ -266,4 +284,44 @@ func startCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
+}
+
+// scrubDelay is how long after start the first scrub pass waits: a mirror
+// just started is often filling, and a pass is no hurry.
+const scrubDelay = 10 * time.Minute
+
+// runScrubs runs a scrub pass every interval (from one start to the next)
+// until ctx ends, and logs what each found.
+func runScrubs(ctx context.Context, sc *storage.Scrubber, interval time.Duration, log *slog.Logger) {
+	next := time.Now().Add(scrubDelay)
+	for {
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		start := time.Now()
+		next = start.Add(interval)
+		st, err := sc.Scrub(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			log.Warn("scrub pass failed", "err", err, "blobs", st.Blobs, "bytes", st.Bytes)
+			continue
+		}
+		log.Info("scrub pass done", "blobs", st.Blobs, "bytes", st.Bytes, "damaged", st.Damaged,
+			"took", time.Since(start).Round(time.Second))
+	}
+}
+
+// deref is *p, or the zero value for nil.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
