@@ -39,17 +39,19 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 		f, size, err := s.blobs.OpenBlob(ctx, d)
 		if err == nil {
 			setSource(w, "cache")
+			tw, sent := s.timed(w)
 			if conditional(r.Header) {
-				http.ServeContent(w, r, "", time.Time{}, f)
+				http.ServeContent(tw, r, "", time.Time{}, f)
 			} else {
 				vals[2] = strconv.FormatInt(size, 10)
 				h["Content-Length"] = vals[2:3:3]
-				if sendStored(w, r, f, size) {
+				if sendStored(tw, r, f, size) {
 					if rw, ok := w.(*responseRecorder); ok {
 						rw.whole = true
 					}
 				}
 			}
+			sent()
 			f.Close()
 			s.accesses.note(d)
 			return
@@ -211,7 +213,9 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route,
 	}
 	defer f.Close()
 	w.WriteHeader(status)
-	if err := copyAvailable(ctx, w, f, p, start, end); err != nil && ctx.Err() == nil {
+	tw, sent := s.timed(w)
+	defer sent()
+	if err := copyAvailable(ctx, tw, f, p, start, end); err != nil && ctx.Err() == nil {
 		// Returning with fewer bytes written than Content-Length makes
 		// net/http close the connection: a FIN, which containerd resumes
 		// from, not a reset, which fails its whole pull.

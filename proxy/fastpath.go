@@ -302,8 +302,9 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	if !f.setBusy(c, true) {
 		return true // shutting down: setBusy(false) says so again and the loop ends
 	}
+	var until time.Time
 	if f.write > 0 {
-		c.ci.tcp.SetWriteDeadline(start.Add(f.write))
+		until = start.Add(f.write)
 	}
 	if sec := start.Unix(); sec != c.dateAt {
 		c.date, c.dateAt = start.UTC().AppendFormat(c.date[:0], http.TimeFormat), sec
@@ -313,7 +314,7 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	if req.method == http.MethodHead {
 		body = 0
 	}
-	n, err := sendBlob(c.ci.tcp, c.ci.raw, c.hdr, fd, body)
+	n, err := sendBlob(c.ci.tcp, c.ci.raw, c.hdr, fd, body, s.sendTimeout, until)
 	s.accesses.note(d)
 	s.count(kindBlob, req.method, http.StatusOK, "cache", n)
 	s.logRequest(s.ctx, req.method, req.path, ns, c.remote, http.StatusOK, n, start)

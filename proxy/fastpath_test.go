@@ -425,7 +425,7 @@ func TestSendBlob(t *testing.T) {
 			}
 			defer syscall.Close(fd)
 			hdr := []byte("HTTP/1.1 200 OK\r\n\r\n")
-			n, err := sendBlob(tc, raw, hdr, fd, tt.size)
+			n, err := sendBlob(tc, raw, hdr, fd, tt.size, 0, time.Time{})
 			c.Close()
 			if n != int64(len(content)) || !errors.Is(err, tt.want) {
 				t.Errorf("sent %d bytes, %v; want %d, %v", n, err, len(content), tt.want)

@@ -7,12 +7,17 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 )
 
 // sendBlob sends a response on c: hdr, then the first size bytes of the
 // file fd, as io.Copy sends a file (with sendfile where the platform has
-// it). It returns how many bytes of the body it sent.
-func sendBlob(c *net.TCPConn, _ syscall.RawConn, hdr []byte, fd int, size int64) (int64, error) {
+// it), in pieces with write deadlines as the Linux version does. It returns
+// how many bytes of the body it sent.
+func sendBlob(c *net.TCPConn, _ syscall.RawConn, hdr []byte, fd int, size int64, timeout time.Duration, until time.Time) (int64, error) {
+	if d := pieceDeadline(timeout, until); !d.IsZero() {
+		c.SetWriteDeadline(d)
+	}
 	if _, err := c.Write(hdr); err != nil || size == 0 {
 		return 0, err
 	}
@@ -22,9 +27,19 @@ func sendBlob(c *net.TCPConn, _ syscall.RawConn, hdr []byte, fd int, size int64)
 	}
 	f := os.NewFile(uintptr(dup), "")
 	defer f.Close()
-	n, err := io.Copy(c, io.NewSectionReader(f, 0, size))
-	if err == nil && n < size {
-		err = io.ErrUnexpectedEOF
+	var sent int64
+	for sent < size {
+		if d := pieceDeadline(timeout, until); !d.IsZero() {
+			c.SetWriteDeadline(d)
+		}
+		n, err := io.Copy(c, io.NewSectionReader(f, sent, min(sendPiece, size-sent)))
+		sent += n
+		if err != nil {
+			return sent, err
+		}
+		if n == 0 {
+			return sent, io.ErrUnexpectedEOF
+		}
 	}
-	return n, err
+	return sent, nil
 }

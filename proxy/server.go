@@ -87,7 +87,8 @@ type Server struct {
 	upstreams       map[string]Upstream
 	defaultUpstream Upstream
 	tagTTL          time.Duration
-	notFound        *notFound // tags and manifests upstreams said they lack, briefly
+	notFound        *notFound     // tags and manifests upstreams said they lack, briefly
+	sendTimeout     time.Duration // a client that takes no piece of a blob for this long is dropped
 	log             *slog.Logger
 	requestLog      *RequestLog // nil: request lines go through log
 	metrics         *metrics
@@ -133,6 +134,7 @@ type config struct {
 	defaultName  string
 	tagTTL       time.Duration
 	notFoundTTL  time.Duration
+	sendTimeout  time.Duration
 	fetchTimeout time.Duration
 	log          *slog.Logger
 	requestLog   *RequestLog
@@ -188,6 +190,20 @@ func WithNotFoundTTL(d time.Duration) Option {
 	}
 }
 
+// WithSendTimeout sets how long a client has to take each piece (1 MiB,
+// or what is left) of a blob's body before it is dropped: a client that
+// stops reading otherwise holds a connection, a goroutine and a file open
+// indefinitely. 0 turns it off. Default: 1 minute.
+func WithSendTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("negative send timeout %v", d)
+		}
+		c.sendTimeout = d
+		return nil
+	}
+}
+
 // WithFetchTimeout bounds one upstream blob download, whoever waits for it.
 // Default: 1 hour.
 func WithFetchTimeout(d time.Duration) Option {
@@ -233,7 +249,8 @@ func WithMetricsRegistry(reg *prometheus.Registry) Option {
 
 // New returns a Server.
 func New(opts ...Option) (*Server, error) {
-	c := config{tagTTL: 5 * time.Minute, notFoundTTL: 5 * time.Second, fetchTimeout: time.Hour, log: slog.Default()}
+	c := config{tagTTL: 5 * time.Minute, notFoundTTL: 5 * time.Second, sendTimeout: time.Minute,
+		fetchTimeout: time.Hour, log: slog.Default()}
 	for _, o := range opts {
 		if err := o(&c); err != nil {
 			return nil, err
@@ -250,17 +267,18 @@ func New(opts ...Option) (*Server, error) {
 		return nil, fmt.Errorf("proxy: registering metrics: %w", err)
 	}
 	s := &Server{
-		blobs:      c.store,
-		manifests:  c.store,
-		tags:       c.store,
-		upstreams:  map[string]Upstream{},
-		tagTTL:     c.tagTTL,
-		notFound:   newNotFound(c.notFoundTTL),
-		blobLoop:   !c.noBlobLoop,
-		log:        c.log,
-		requestLog: c.requestLog,
-		metrics:    m,
-		gatherer:   c.registry,
+		blobs:       c.store,
+		manifests:   c.store,
+		tags:        c.store,
+		upstreams:   map[string]Upstream{},
+		tagTTL:      c.tagTTL,
+		notFound:    newNotFound(c.notFoundTTL),
+		sendTimeout: c.sendTimeout,
+		blobLoop:    !c.noBlobLoop,
+		log:         c.log,
+		requestLog:  c.requestLog,
+		metrics:     m,
+		gatherer:    c.registry,
 	}
 	for _, u := range c.upstreams {
 		name := upstream.CanonicalName(u.Name())

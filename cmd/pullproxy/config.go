@@ -30,6 +30,7 @@ type fileConfig struct {
 	TagTTL          *time.Duration   `yaml:"tag_ttl"`
 	NotFoundTTL     *time.Duration   `yaml:"not_found_ttl"` // how long an upstream's 404 is answered from memory
 	FetchTimeout    *time.Duration   `yaml:"fetch_timeout"`
+	SendTimeout     *time.Duration   `yaml:"send_timeout"` // a client taking no MiB of a blob for this long is dropped
 	DefaultUpstream string           `yaml:"default_upstream"`
 	BlobLoop        *bool            `yaml:"blob_loop"`
 	ScrubRate       *byteSize        `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
@@ -208,7 +209,7 @@ func (a authConfig) credentials(upstreamName string, log *slog.Logger) (upstream
 
 // defaultConfig is what pullproxy runs with when nothing is configured.
 func defaultConfig() fileConfig {
-	ttl, notFoundTTL, timeout, loop := 5*time.Minute, 5*time.Second, time.Hour, true
+	ttl, notFoundTTL, timeout, sendTimeout, loop := 5*time.Minute, 5*time.Second, time.Hour, time.Minute, true
 	scrubRate, scrubInterval := byteSize(16<<20), 24*time.Hour
 	return fileConfig{
 		Listen:        "127.0.0.1:5000",
@@ -218,6 +219,7 @@ func defaultConfig() fileConfig {
 		TagTTL:        &ttl,
 		NotFoundTTL:   &notFoundTTL,
 		FetchTimeout:  &timeout,
+		SendTimeout:   &sendTimeout,
 		BlobLoop:      &loop,
 		ScrubRate:     &scrubRate,
 		ScrubInterval: &scrubInterval,

@@ -196,6 +196,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		proxy.WithTagTTL(*cfg.TagTTL),
 		proxy.WithNotFoundTTL(deref(cfg.NotFoundTTL)),
 		proxy.WithFetchTimeout(*cfg.FetchTimeout),
+		proxy.WithSendTimeout(deref(cfg.SendTimeout)),
 		proxy.WithBlobLoop(*cfg.BlobLoop),
 	}
 	if cfg.DefaultUpstream != "" {
