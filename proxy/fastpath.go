@@ -42,6 +42,8 @@ func (s *Server) Serve(ln net.Listener, hs *http.Server) error {
 	if hs.ConnContext == nil {
 		hs.ConnContext = s.ConnContext
 	}
+	hs.ConnState = s.clientConns.trackClosed(hs.ConnState)
+	ln = &limitListener{Listener: ln, s: s, cc: s.clientConns}
 	blobs, ok := s.blobs.(blobFDOpener)
 	if !ok || !s.blobLoop { // a store of another kind, or the loop turned off: net/http serves every request
 		return hs.Serve(ln)
@@ -214,7 +216,7 @@ func (f *fastPath) wait(ctx context.Context) error {
 func (f *fastPath) serve(ci *connInfo, pending []byte) {
 	c := &fastConn{ci: ci, remote: ci.tcp.RemoteAddr().String(), hdr: make([]byte, 0, 512)}
 	if !f.add(c) {
-		ci.tcp.Close()
+		f.close(ci)
 		return
 	}
 	src := &bufferedConn{tcp: ci.tcp, pending: pending}
@@ -223,7 +225,7 @@ func (f *fastPath) serve(ci *connInfo, pending []byte) {
 		req, fast, err := f.readRequest(ci.tcp, br)
 		if err != nil {
 			f.remove(c)
-			ci.tcp.Close()
+			f.close(ci)
 			return
 		}
 		if !fast || !f.answer(c, req) {
@@ -234,17 +236,24 @@ func (f *fastPath) serve(ci *connInfo, pending []byte) {
 			rest = append(rest, src.pending...)
 			ci.tcp.SetDeadline(time.Time{})
 			if !f.handoff.hand(&bufferedConn{tcp: ci.tcp, pending: rest}) {
-				ci.tcp.Close() // shutting down
+				f.close(ci) // shutting down
 			}
 			return
 		}
 		br.Discard(req.size)
 		if !f.setBusy(c, false) {
 			f.remove(c)
-			ci.tcp.Close()
+			f.close(ci)
 			return
 		}
 	}
+}
+
+// close closes a connection of the loop for good, once: the only way the
+// loop lets go of one besides handing it back to net/http.
+func (f *fastPath) close(ci *connInfo) {
+	ci.tcp.Close()
+	f.s.clientConns.closed()
 }
 
 // readRequest waits for the head of the next request, as net/http would:

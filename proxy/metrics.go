@@ -15,9 +15,10 @@ type metrics struct {
 	// common holds the requests counters of blob and manifest GETs and
 	// HEADs with the usual statuses, each looked up on its first use:
 	// WithLabelValues hashes its labels on every call.
-	common    [2][2][len(commonStatuses)]atomic.Pointer[prometheus.Counter]
-	staleTags *prometheus.CounterVec
-	fetches   *prometheus.CounterVec
+	common       [2][2][len(commonStatuses)]atomic.Pointer[prometheus.Counter]
+	staleTags    *prometheus.CounterVec
+	fetches      *prometheus.CounterVec
+	connsRefused prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -38,12 +39,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "pullproxy_blob_fetches_total",
 			Help: "Upstream blob downloads finished, by upstream and result (committed, failed).",
 		}, []string{"upstream", "result"}),
+		connsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pullproxy_http_connections_refused_total",
+			Help: "Client connections refused with 503 because max_client_connections were open.",
+		}),
 	}
 	m.served = map[string]prometheus.Counter{
 		"cache":    m.servedBytes.WithLabelValues("cache"),
 		"download": m.servedBytes.WithLabelValues("download"),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.servedBytes, m.staleTags, m.fetches} {
+	for _, c := range []prometheus.Collector{m.requests, m.servedBytes, m.staleTags, m.fetches, m.connsRefused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

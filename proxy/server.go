@@ -89,6 +89,7 @@ type Server struct {
 	tagTTL          time.Duration
 	notFound        *notFound     // tags and manifests upstreams said they lack, briefly
 	sendTimeout     time.Duration // a client that takes no piece of a blob for this long is dropped
+	clientConns     *clientConns  // open client connections, and their bound
 	log             *slog.Logger
 	requestLog      *RequestLog // nil: request lines go through log
 	metrics         *metrics
@@ -135,6 +136,7 @@ type config struct {
 	tagTTL       time.Duration
 	notFoundTTL  time.Duration
 	sendTimeout  time.Duration
+	maxConns     int
 	fetchTimeout time.Duration
 	log          *slog.Logger
 	requestLog   *RequestLog
@@ -200,6 +202,20 @@ func WithSendTimeout(d time.Duration) Option {
 			return fmt.Errorf("negative send timeout %v", d)
 		}
 		c.sendTimeout = d
+		return nil
+	}
+}
+
+// WithMaxClientConnections bounds the client connections Serve holds open
+// at once; past it a new connection is answered 503 with Retry-After and
+// closed (see clientConns). 0: no bound. Default: 0; cmd/pullproxy sets
+// one from the process's descriptor limit.
+func WithMaxClientConnections(n int) Option {
+	return func(c *config) error {
+		if n < 0 {
+			return fmt.Errorf("negative bound on client connections %d", n)
+		}
+		c.maxConns = n
 		return nil
 	}
 }
@@ -274,11 +290,17 @@ func New(opts ...Option) (*Server, error) {
 		tagTTL:      c.tagTTL,
 		notFound:    newNotFound(c.notFoundTTL),
 		sendTimeout: c.sendTimeout,
+		clientConns: &clientConns{max: int64(c.maxConns)},
 		blobLoop:    !c.noBlobLoop,
 		log:         c.log,
 		requestLog:  c.requestLog,
 		metrics:     m,
 		gatherer:    c.registry,
+	}
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pullproxy_http_connections_open",
+		Help: "Client connections open (served by Serve)."}, func() float64 { return float64(s.clientConns.open.Load()) })
+	if err := c.registry.Register(open); err != nil {
+		return nil, fmt.Errorf("proxy: registering metrics: %w", err)
 	}
 	for _, u := range c.upstreams {
 		name := upstream.CanonicalName(u.Name())

@@ -30,7 +30,8 @@ type fileConfig struct {
 	TagTTL          *time.Duration   `yaml:"tag_ttl"`
 	NotFoundTTL     *time.Duration   `yaml:"not_found_ttl"` // how long an upstream's 404 is answered from memory
 	FetchTimeout    *time.Duration   `yaml:"fetch_timeout"`
-	SendTimeout     *time.Duration   `yaml:"send_timeout"` // a client taking no MiB of a blob for this long is dropped
+	SendTimeout     *time.Duration   `yaml:"send_timeout"`           // a client taking no MiB of a blob for this long is dropped
+	MaxClientConns  int              `yaml:"max_client_connections"` // 0: from the descriptor limit
 	DefaultUpstream string           `yaml:"default_upstream"`
 	BlobLoop        *bool            `yaml:"blob_loop"`
 	ScrubRate       *byteSize        `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
@@ -304,6 +305,9 @@ func (c *fileConfig) validate() error {
 			}
 		}
 		seen[name] = true
+	}
+	if c.MaxClientConns < 0 {
+		errs = append(errs, fmt.Errorf("max_client_connections %d: want 0 (from the descriptor limit) or more", c.MaxClientConns))
 	}
 	if (c.ScrubRate != nil && *c.ScrubRate < 0) || (c.ScrubInterval != nil && *c.ScrubInterval <= 0) {
 		errs = append(errs, fmt.Errorf("scrub_rate must be 0 (off) or more, and scrub_interval more than 0"))

@@ -188,6 +188,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		defer func() { stopScrub(); <-scrubDone }()
 	}
 
+	maxConns := cfg.MaxClientConns
+	if maxConns == 0 {
+		maxConns = defaultMaxClientConnections()
+	}
 	opts := []proxy.Option{
 		proxy.WithStore(store),
 		proxy.WithLogger(log),
@@ -197,6 +201,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		proxy.WithNotFoundTTL(deref(cfg.NotFoundTTL)),
 		proxy.WithFetchTimeout(*cfg.FetchTimeout),
 		proxy.WithSendTimeout(deref(cfg.SendTimeout)),
+		proxy.WithMaxClientConnections(maxConns),
 		proxy.WithBlobLoop(*cfg.BlobLoop),
 	}
 	if cfg.DefaultUpstream != "" {
@@ -248,7 +253,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("pullproxy serving", "version", version, "addr", ln.Addr().String(), "data_dir", cfg.DataDir,
-		"upstreams", names)
+		"upstreams", names, "max_client_connections", maxConns)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln, httpSrv) }()
@@ -286,6 +291,10 @@ func startCPUProfile(path string) (stop func(), err error) {
 		f.Close()
 	}, nil
 }
+
+// maxClientConnectionsCap is the most client connections allowed by
+// default, however high the descriptor limit.
+const maxClientConnectionsCap = 16384
 
 // scrubDelay is how long after start the first scrub pass waits: a mirror
 // just started is often filling, and a pass is no hurry.
