@@ -997,9 +997,12 @@ func TestFetchConfigDefaults(t *testing.T) {
 		t.Fatalf("got %v, want no error", err)
 	}
 	want := FetchConfig{ConnectionBudget: 1 << 20, MaxConnectionBudget: 64 << 20, MinConnectionBudget: 64 << 10, MaxConnections: 64,
-		StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8}
+		StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8, MinGoodput: 4 << 10}
 	if got != want {
 		t.Errorf("defaults: got %+v, want %+v", got, want)
+	}
+	if none, err := (FetchConfig{MinGoodput: -1}).withDefaults(); err != nil || none.MinGoodput != 0 {
+		t.Errorf("MinGoodput -1: got %v, %v, want 0 (none), no error", none.MinGoodput, err)
 	}
 	// A budget below the default floor is its own floor.
 	small, err := FetchConfig{ConnectionBudget: 16 << 10}.withDefaults()
@@ -1007,7 +1010,7 @@ func TestFetchConfigDefaults(t *testing.T) {
 		t.Errorf("a 16 KiB budget: got floor %v, %v, want %v, no error", small.MinConnectionBudget, err, 16<<10)
 	}
 	kept := FetchConfig{ConnectionBudget: 32 << 10, MaxConnectionBudget: 32 << 10, MinConnectionBudget: 16 << 10, ParallelChunks: 2, MaxConnections: 3,
-		StallTimeout: time.Second, FirstByteTimeout: 3 * time.Second, MaxAttempts: 5}
+		StallTimeout: time.Second, FirstByteTimeout: 3 * time.Second, MaxAttempts: 5, MinGoodput: 1000}
 	if got, err := kept.withDefaults(); err != nil || got != kept {
 		t.Errorf("settings given: got %+v, %v, want %+v, no error", got, err, kept)
 	}
@@ -1018,6 +1021,7 @@ func TestFetchConfigDefaults(t *testing.T) {
 		{StallTimeout: -time.Second},
 		{FirstByteTimeout: -time.Second},
 		{MaxAttempts: -1},
+		{MinGoodput: -2},
 		{MinConnectionBudget: 2 << 20},                      // above the default budget
 		{ConnectionBudget: 128 << 20},                       // above the default maximum
 		{ConnectionBudget: 1 << 20, MaxConnectionBudget: 1}, // maximum below the budget

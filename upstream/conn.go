@@ -50,7 +50,19 @@ type FetchConfig struct {
 	// MaxAttempts is how many attempts in a row may fail without a new byte
 	// before an endpoint is given up for the blob. Default 8.
 	MaxAttempts int
+	// MinGoodput is the least a chunk connection must bring, in bytes a
+	// second averaged from its answer's start, once it has run for
+	// slowAfter stall timeouts: one below it is abandoned as too slow (its
+	// bytes kept), as a stall is. A connection trickling a byte a second
+	// never goes silent long enough to stall, and would otherwise hold its
+	// place, and the download, indefinitely. Default 4 KiB/s; -1: none.
+	MinGoodput int64
 }
+
+// slowAfter is how many stall timeouts a chunk connection runs before its
+// goodput is held to MinGoodput: slow start, and a path shared with many
+// others, are not slowness.
+const slowAfter = 5
 
 func (c FetchConfig) withDefaults() (FetchConfig, error) {
 	def := func(v *int64, d int64) {
@@ -73,9 +85,15 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 8
 	}
+	switch c.MinGoodput {
+	case 0:
+		c.MinGoodput = 4 << 10
+	case -1:
+		c.MinGoodput = 0
+	}
 	switch {
 	case c.ConnectionBudget < 0 || c.MinConnectionBudget < 0 || c.MaxConnectionBudget < 0 || c.ParallelChunks < 0 || c.MaxConnections < 0 ||
-		c.StallTimeout < 0 || c.FirstByteTimeout < 0 || c.MaxAttempts < 0:
+		c.StallTimeout < 0 || c.FirstByteTimeout < 0 || c.MaxAttempts < 0 || c.MinGoodput < 0:
 		return c, errors.New("fetch settings must not be negative")
 	case c.MinConnectionBudget > c.ConnectionBudget:
 		return c, fmt.Errorf("min_connection_budget %d is above connection_budget %d", c.MinConnectionBudget, c.ConnectionBudget)

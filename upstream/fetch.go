@@ -231,14 +231,19 @@ func (f *blobFetch) worker(ctx context.Context) error {
 			return err // not found, refused, invalid: retrying will not help
 		}
 		attempts := 0
-		if n > 0 {
+		if n > 0 && !errors.Is(err, errTooSlow) {
 			f.progress()
 		} else {
+			// A trickle brings bytes, but is no progress to keep trying on.
 			attempts = f.failed()
 		}
 		if attempts >= f.r.fetch.MaxAttempts {
-			return fmt.Errorf("fetching %s from %s: %d attempts in a row brought no byte: %w",
-				f.digest, f.ep.host, attempts, err)
+			what := "brought no byte"
+			if errors.Is(err, errTooSlow) {
+				what = "were too slow (min_goodput)"
+			}
+			return fmt.Errorf("fetching %s from %s: %d attempts in a row %s: %w",
+				f.digest, f.ep.host, attempts, what, err)
 		}
 		if err := sleep(ctx, backoff(attempts)); err != nil {
 			return err
@@ -481,18 +486,22 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 		if n == 0 {
 			carried = 0
 		}
+		cutAt := carried
+		if kind == "slow" {
+			cutAt = 0 // abandoned here, not cut by the path: no evidence of a byte count
+		}
 		switch {
 		case probe: // finding where the path cuts is what a probe is for
-		case kind == "stall":
+		case kind == "stall" || kind == "slow":
 			f.ep.pipe.failed(pipeStall)
 		default:
 			f.ep.pipe.failed(pipeCut)
 		}
 		var next int64
 		if probe {
-			next = conn.probe.cut(carried, kind)
+			next = conn.probe.cut(cutAt, kind)
 		} else {
-			next = f.ep.budget.cut(carried, false, kind, time.Now())
+			next = f.ep.budget.cut(cutAt, false, kind, time.Now())
 		}
 		if next > 0 {
 			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
@@ -650,6 +659,10 @@ func (f *blobFetch) unclaimed() bool {
 // errStore marks a failure to store bytes, as opposed to receiving them.
 var errStore = errors.New("store")
 
+// errTooSlow marks a chunk connection abandoned for bringing less than
+// MinGoodput.
+var errTooSlow = errors.New("slower than min_goodput")
+
 // copyBody writes body to [start, end) of the blob, returning the bytes
 // written. It gathers up to a buffer's worth per write (see gather): a TLS
 // body arrives 16 KiB at a time, and each write is a syscall and wakes the
@@ -660,6 +673,7 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 	buf := *bufp
 	received, pipe := f.r.received, f.ep.pipe
 	began := time.Now()
+	minRate, slowCheck := float64(f.r.fetch.MinGoodput), began.Add(slowAfter*f.r.fetch.StallTimeout)
 	off := start
 	for off < end {
 		want := min(int64(len(buf)), end-off)
@@ -683,6 +697,11 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 			}
 		default:
 			return off - start, err
+		}
+		if minRate > 0 && off < end {
+			if now := time.Now(); now.After(slowCheck) && float64(off-start) < minRate*now.Sub(began).Seconds() {
+				return off - start, fmt.Errorf("%w: %d bytes in %v", errTooSlow, off-start, now.Sub(began).Round(time.Millisecond))
+			}
 		}
 	}
 	// Read on to the answer's end: net/http keeps a connection for the next
@@ -732,6 +751,8 @@ func cutKind(err error) string {
 		return "eof"
 	case errors.As(err, &ne) && ne.Timeout():
 		return "stall"
+	case errors.Is(err, errTooSlow):
+		return "slow"
 	}
 	return "error"
 }
@@ -744,6 +765,8 @@ func cutVerb(kind string) string {
 		return "closed"
 	case "stall":
 		return "went silent"
+	case "slow":
+		return "was too slow"
 	}
 	return "failed"
 }

@@ -42,7 +42,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}, []string{"upstream", "endpoint"})
 	m.cuts = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pullproxy_upstream_connection_cuts_total",
-		Help: "Chunk and metadata connections that died before their answer was complete, by kind: reset, eof (closed early), stall (went silent), error.",
+		Help: "Chunk and metadata connections that died before their answer was complete, by kind: reset, eof (closed early), stall (went silent), slow (below min_goodput), error.",
 	}, []string{"upstream", "endpoint", "kind"})
 	m.retries = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pullproxy_upstream_retries_total",

@@ -54,6 +54,7 @@ type fetchConfig struct {
 	StallTimeout        time.Duration `yaml:"stall_timeout"`
 	FirstByteTimeout    time.Duration `yaml:"first_byte_timeout"`
 	MaxAttempts         int           `yaml:"max_attempts"`
+	MinGoodput          byteSize      `yaml:"min_goodput"` // per second; -1: none
 }
 
 func (f fetchConfig) options() upstream.FetchConfig {
@@ -66,6 +67,7 @@ func (f fetchConfig) options() upstream.FetchConfig {
 		StallTimeout:        f.StallTimeout,
 		FirstByteTimeout:    f.FirstByteTimeout,
 		MaxAttempts:         f.MaxAttempts,
+		MinGoodput:          int64(f.MinGoodput),
 	}
 }
 
@@ -83,6 +85,9 @@ func (b *byteSize) UnmarshalYAML(n *yaml.Node) error {
 }
 
 func parseByteSize(s string) (int64, error) {
+	if strings.TrimSpace(s) == "-1" {
+		return -1, nil // "none", where a setting takes it; refused elsewhere
+	}
 	units := []struct {
 		suffix string
 		mult   int64
