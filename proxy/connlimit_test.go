@@ -53,7 +53,9 @@ func TestClientConnectionsBounded(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Errorf("past the bound: got %s, Retry-After %q; want 503 with Retry-After", resp.Status, resp.Header.Get("Retry-After"))
 	}
-	var oe struct{ Errors []struct{ Code, Message string } }
+	var oe struct {
+		Errors []struct{ Code, Message string }
+	}
 	if err := json.Unmarshal(body, &oe); err != nil || len(oe.Errors) != 1 || oe.Errors[0].Code != "TOOMANYREQUESTS" {
 		t.Errorf("past the bound: body %q, want one TOOMANYREQUESTS error", body)
 	}

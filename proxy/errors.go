@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"net"
 	"net/http"
 	"strconv"
@@ -65,8 +66,20 @@ func toOCI(err error, kind string) *ociError {
 		e.status, e.code = http.StatusServiceUnavailable, "UNAVAILABLE"
 	case errors.Is(err, upstream.ErrInvalid), errors.Is(err, storage.ErrDigestMismatch), errors.Is(err, storage.ErrSizeMismatch):
 		e.status, e.code = http.StatusBadGateway, "UNKNOWN"
+	case errors.Is(err, storage.ErrNoSpace):
+		// 507, not 503: containerd moves to its next host on any status
+		// from 400 up, and a full disk is no reason to retry here.
+		e.status, e.code = http.StatusInsufficientStorage, "UNAVAILABLE"
+	case errors.Is(err, syscall.ENOSPC):
+		e.status, e.code = http.StatusInsufficientStorage, "UNAVAILABLE"
+		e.message = "pullproxy's data dir is full: nothing more can be stored until room is made"
 	default:
 		e.status, e.code = http.StatusInternalServerError, "UNKNOWN"
+		// The data dir's paths are the operator's business, not a
+		// client's: the log has them.
+		if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+			e.message = "pullproxy could not " + pe.Op + " a file of its data dir: " + pe.Err.Error()
+		}
 	}
 	return e
 }
@@ -113,7 +126,7 @@ func hint(err error) string {
 		return "the credentials lack pull permission on this repository"
 	case errors.Is(err, upstream.ErrTooManyRequests):
 		return "the upstream is rate limiting this address: authenticate, or pre-seed the images"
-	case errors.Is(err, syscall.ENOSPC):
+	case errors.Is(err, syscall.ENOSPC), errors.Is(err, storage.ErrNoSpace):
 		return "the data dir's disk is full: free space or give pullproxy a larger volume"
 	case errors.As(err, &dnsErr):
 		return "DNS cannot resolve the endpoint: check its URL and the resolver"

@@ -224,3 +224,25 @@ func TestHeadOfColdBlobSaysWhatGetDelivers(t *testing.T) {
 		})
 	}
 }
+
+// TestClaimedSizeBeyondTheDiskIsRefused: an upstream whose HEAD claims a
+// blob larger than the data dir can hold gets no byte written: the client
+// gets 507 at once, with no path of the server in the message, and can go
+// to its next host.
+func TestClaimedSizeBeyondTheDiskIsRefused(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	img := e.push("test/app", "v1", 200_000, 1)
+	layer, _ := layerDigest(t, img, 0)
+	e.counter.next = &sizeLiar{next: e.counter.next, blob: layer.String(), length: 1 << 60}
+	resp, body := e.get("GET", "/v2/test/app/blobs/"+layer.String()+"?ns="+upstreamName, nil)
+	if resp.StatusCode != http.StatusInsufficientStorage {
+		t.Fatalf("got %d %s, want 507", resp.StatusCode, body)
+	}
+	if strings.Contains(string(body), e.dir) {
+		t.Errorf("the error tells the client the data dir's path: %s", body)
+	}
+	if !strings.Contains(string(body), "free") {
+		t.Errorf("the error does not say why: %s", body)
+	}
+}

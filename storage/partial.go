@@ -80,6 +80,10 @@ func (s *Store) NewPartial(ctx context.Context, d digest.Digest, size int64) (*P
 		return nil, fmt.Errorf("digest %s: algorithm %s is not supported", d, d.Algorithm())
 	}
 	if p, ok := s.resume(ctx, d, size); ok {
+		if err := s.reserve(p, p.size); err != nil {
+			p.f.Close() // its bytes and progress stay for a later attempt
+			return nil, err
+		}
 		return p, nil
 	}
 	// A new file, not the old one truncated: a reader still draining an
@@ -135,6 +139,16 @@ func (p *Partial) Size() int64 {
 func (p *Partial) SetSize(n int64) error {
 	if n < 0 {
 		return fmt.Errorf("%s: negative size %d", p.digest, n)
+	}
+	if size := p.Size(); size == n {
+		return nil
+	} else if size >= 0 {
+		return fmt.Errorf("%s is %d bytes, not %d: %w", p.digest, size, n, ErrSizeMismatch)
+	}
+	// Checked before the size is known to readers, and outside p's lock:
+	// reserve reads every download's progress.
+	if err := p.store.reserve(p, n); err != nil {
+		return err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -358,6 +372,7 @@ func (p *Partial) Commit(ctx context.Context) error {
 	p.committed = final
 	p.notifyLocked()
 	p.mu.Unlock()
+	p.store.unreserve(p)
 	p.dropRecord()
 	// The blob is in place; a lost record only costs its last-access time.
 	if err := p.store.recordBlob(ctx, p.digest, size); err != nil {
@@ -459,12 +474,14 @@ func (p *Partial) end(err error) bool {
 		err = errors.New("download abandoned")
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.committed != "" || p.err != nil {
+		p.mu.Unlock()
 		return false
 	}
 	p.err = err
 	p.notifyLocked()
+	p.mu.Unlock()
+	p.store.unreserve(p) // not under p.mu: reserve takes the two the other way round
 	return true
 }
 

@@ -42,6 +42,10 @@ type Store struct {
 
 	sizes   sync.Map     // digest.Digest → int64: committed sizes read so far (see recordedSize)
 	damaged atomic.Int64 // blobs found damaged and quarantined
+
+	space    func(path string) (free, total int64, err error) // diskSpace; tests replace it
+	spaceMu  sync.Mutex
+	reserved map[*Partial]struct{} // downloads whose bytes to come are reserved (see reserve)
 }
 
 // Option configures Open.
@@ -79,7 +83,8 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{root: dir, blobs: filepath.Join(dir, "blobs"), db: db, log: cfg.log}
+	s := &Store{root: dir, blobs: filepath.Join(dir, "blobs"), db: db, log: cfg.log, space: diskSpace,
+		reserved: map[*Partial]struct{}{}}
 	if err := s.reconcilePartials(ctx); err != nil {
 		db.Close()
 		return nil, err
