@@ -8,9 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"syscall"
-	"time"
 
 	"github.com/opencontainers/go-digest"
 
@@ -41,7 +39,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 			setSource(w, "cache")
 			tw, sent := s.timed(w)
 			if conditional(r.Header) {
-				http.ServeContent(tw, r, "", time.Time{}, f)
+				serveStoredPart(tw, r, f, size, vals[1])
 			} else {
 				vals[2] = strconv.FormatInt(size, 10)
 				h["Content-Length"] = vals[2:3:3]
@@ -190,21 +188,15 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route,
 		}
 		return
 	}
-	start, end, ok := parseRange(r.Header.Get("Range"), size)
-	h := w.Header()
-	if !ok {
-		h.Set("Content-Range", "bytes */"+strconv.FormatInt(size, 10))
-		writeError(w, r, &ociError{status: http.StatusRequestedRangeNotSatisfiable, code: "BLOB_UNKNOWN",
-			message: fmt.Sprintf("range %q is outside the blob's %d bytes", r.Header.Get("Range"), size)})
+	etag := `"` + p.Digest().String() + `"`
+	if preconditions(w, r, etag) {
 		return
 	}
-	status := http.StatusOK
-	if start != 0 || end != size {
-		status = http.StatusPartialContent
-		h.Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, end-1, size))
+	start, end, kind := requestedRange(r, etag, size)
+	if kind == rangeUnsatisfiable {
+		writeRangeHead(w, r, start, end, size, kind)
+		return
 	}
-	h.Set("Content-Length", strconv.FormatInt(end-start, 10))
-
 	// Open before committing to a status, so a failure here is still an error response.
 	f, err := p.Open()
 	if err != nil {
@@ -212,7 +204,7 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route,
 		return
 	}
 	defer f.Close()
-	w.WriteHeader(status)
+	writeRangeHead(w, r, start, end, size, kind)
 	tw, sent := s.timed(w)
 	defer sent()
 	if err := copyAvailable(ctx, tw, f, p, start, end); err != nil && ctx.Err() == nil {
@@ -243,45 +235,6 @@ func copyAvailable(ctx context.Context, w io.Writer, f *os.File, p inflight, sta
 		}
 	}
 	return nil
-}
-
-// parseRange interprets a single-range Range header against a blob of size
-// bytes, returning the half-open span to send. No header, a malformed one, or
-// several ranges select the whole blob (a server may ignore Range); ok is
-// false only for a well-formed range that lies outside the blob.
-func parseRange(header string, size int64) (start, end int64, ok bool) {
-	spec, found := strings.CutPrefix(header, "bytes=")
-	if !found || strings.Contains(spec, ",") {
-		return 0, size, true
-	}
-	first, last, found := strings.Cut(strings.TrimSpace(spec), "-")
-	if !found {
-		return 0, size, true
-	}
-	if first == "" { // suffix: the last N bytes
-		n, err := strconv.ParseInt(last, 10, 64)
-		if err != nil || n < 0 {
-			return 0, size, true
-		}
-		if n == 0 {
-			return 0, 0, false
-		}
-		return max(size-n, 0), size, true
-	}
-	a, err := strconv.ParseInt(first, 10, 64)
-	if err != nil || a < 0 {
-		return 0, size, true
-	}
-	b := size - 1
-	if last != "" {
-		if b, err = strconv.ParseInt(last, 10, 64); err != nil || b < a {
-			return 0, size, true
-		}
-	}
-	if a >= size {
-		return 0, 0, false
-	}
-	return a, min(b, size-1) + 1, true
 }
 
 func setSource(w http.ResponseWriter, source string) {
