@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"mime"
 	"net/http"
 	"slices"
@@ -121,7 +122,7 @@ func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (ups
 // upstream names the digest in it, else with a GET whose content is cached.
 func (s *Server) lookupTag(ctx context.Context, rt route, accept []string) (upstream.Descriptor, error) {
 	desc, err := rt.up.HeadManifest(ctx, rt.repo, rt.ref, accept)
-	if err == nil && desc.Digest != "" && desc.MediaType != "" {
+	if err == nil && desc.Digest != "" && isManifestType(desc.MediaType) {
 		return desc, nil
 	}
 	if err != nil && !errors.Is(err, upstream.ErrInvalid) {
@@ -186,6 +187,10 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 }
 
 func (s *Server) putManifest(ctx context.Context, rt route, desc upstream.Descriptor, body []byte) error {
+	if err := validateManifest(desc.MediaType, body); err != nil {
+		return &upstream.Error{Upstream: rt.up.Name(), Op: "GET /v2/" + rt.repo + "/manifests/" + rt.ref,
+			Status: http.StatusOK, Kind: upstream.ErrInvalid, Message: "not cached nor served: " + err.Error()}
+	}
 	if err := s.manifests.PutBlob(ctx, desc.Digest, body); err != nil {
 		return err
 	}
@@ -193,6 +198,53 @@ func (s *Server) putManifest(ctx context.Context, rt route, desc upstream.Descri
 		s.log.Warn("recording the sizes a manifest declares", "digest", desc.Digest, "err", err)
 	}
 	return s.manifests.SetMediaType(ctx, desc.Digest, desc.MediaType)
+}
+
+// isManifestType reports whether mediaType is one of an image's manifest
+// or index.
+func isManifestType(mediaType string) bool {
+	switch mediaType {
+	case ocispec.MediaTypeImageManifest, ocispec.MediaTypeImageIndex, mediaTypeDockerManifest, mediaTypeDockerList:
+		return true
+	}
+	return false
+}
+
+// validateManifest checks that body is a manifest of mediaType that
+// clients can use: JSON, schema version 2, one of the four media types of
+// images and indexes (what containerd pulls), the one the body names if it
+// names one, with a config (a manifest) or a list of manifests (an index).
+// Anything else, cached under a tag, would be served as a manifest for as
+// long as the tag lives.
+func validateManifest(mediaType string, body []byte) error {
+	var m struct {
+		SchemaVersion int             `json:"schemaVersion"`
+		MediaType     string          `json:"mediaType"`
+		Config        json.RawMessage `json:"config"`
+		Manifests     json.RawMessage `json:"manifests"`
+	}
+	if err := json.Unmarshal(body, &m); err != nil {
+		return fmt.Errorf("the manifest is not a JSON object: %v", err)
+	}
+	if m.SchemaVersion != 2 {
+		return fmt.Errorf("the manifest has schemaVersion %d; only 2 is supported (schema 1 is long deprecated: re-push the image)", m.SchemaVersion)
+	}
+	if m.MediaType != "" && m.MediaType != mediaType {
+		return fmt.Errorf("the manifest says it is %s, the upstream sent it as %s", m.MediaType, mediaType)
+	}
+	switch mediaType {
+	case ocispec.MediaTypeImageManifest, mediaTypeDockerManifest:
+		if len(m.Config) == 0 || string(m.Config) == "null" {
+			return fmt.Errorf("the %s has no config", mediaType)
+		}
+	case ocispec.MediaTypeImageIndex, mediaTypeDockerList:
+		if len(m.Manifests) == 0 || string(m.Manifests) == "null" {
+			return fmt.Errorf("the %s lists no manifests", mediaType)
+		}
+	default:
+		return fmt.Errorf("media type %q is not a manifest's", mediaType)
+	}
+	return nil
 }
 
 // declaredSizes lists the sizes a manifest or index declares for what it

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -517,12 +518,17 @@ func (r *Registry) sendOnce(ctx context.Context, ep *url.URL, q request, auth st
 // Docker Hub a HEAD does not count as a pull). The digest is empty when the
 // upstream does not send Docker-Content-Digest.
 func (r *Registry) HeadManifest(ctx context.Context, repo, ref string, accept []string) (Descriptor, error) {
-	resp, err := r.do(ctx, request{method: http.MethodHead, repo: repo, path: "manifests/" + ref,
-		header: http.Header{"Accept": accept}})
+	q := request{method: http.MethodHead, repo: repo, path: "manifests/" + ref, header: http.Header{"Accept": accept}}
+	resp, err := r.do(ctx, q, http.StatusOK, http.StatusMethodNotAllowed, http.StatusNotImplemented)
 	if err != nil {
 		return Descriptor{}, err
 	}
 	resp.Body.Close()
+	if headRefused(resp.StatusCode) {
+		// ErrInvalid: the caller asks with a GET instead.
+		return Descriptor{}, &Error{Upstream: r.name, Endpoint: responseHost(resp), Op: q.op(), Status: resp.StatusCode,
+			Kind: ErrInvalid, Message: "the upstream does not answer HEAD"}
+	}
 	desc := Descriptor{MediaType: mediaType(resp.Header.Get("Content-Type")), Size: resp.ContentLength}
 	if d, err := digest.Parse(resp.Header.Get("Docker-Content-Digest")); err == nil {
 		desc.Digest = d
@@ -567,12 +573,39 @@ func (r *Registry) GetManifest(ctx context.Context, repo, ref string, accept []s
 
 // HeadBlob returns a blob's size without fetching it.
 func (r *Registry) HeadBlob(ctx context.Context, repo string, d digest.Digest) (int64, error) {
-	resp, err := r.do(ctx, request{method: http.MethodHead, repo: repo, path: "blobs/" + d.String()})
+	resp, err := r.do(ctx, request{method: http.MethodHead, repo: repo, path: "blobs/" + d.String()},
+		http.StatusOK, http.StatusMethodNotAllowed, http.StatusNotImplemented)
 	if err != nil {
 		return 0, err
 	}
 	resp.Body.Close()
-	return resp.ContentLength, nil
+	if !headRefused(resp.StatusCode) {
+		return resp.ContentLength, nil
+	}
+	// An upstream that refuses HEAD is asked for the first byte: its
+	// Content-Range gives the size (a whole answer, its Content-Length),
+	// and the rest of the body is never read.
+	resp, err = r.do(ctx, request{method: http.MethodGet, repo: repo, path: "blobs/" + d.String(),
+		header: http.Header{"Range": {"bytes=0-0"}}}, http.StatusOK, http.StatusPartialContent)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		return resp.ContentLength, nil
+	}
+	_, total, ok := strings.Cut(resp.Header.Get("Content-Range"), "/")
+	size, err := strconv.ParseInt(total, 10, 64)
+	if !ok || err != nil {
+		return -1, nil // unknown: the download learns it
+	}
+	return size, nil
+}
+
+// headRefused reports whether a HEAD's status says the upstream does not
+// answer HEAD at all.
+func headRefused(status int) bool {
+	return status == http.StatusMethodNotAllowed || status == http.StatusNotImplemented
 }
 
 func mediaType(contentType string) string {
