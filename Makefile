@@ -2,7 +2,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build run test vet deps bench bench-deps bench-pull bench-serve bench-cpu clean
+.PHONY: all build run test vet fuzz deps bench bench-deps bench-pull bench-serve bench-cpu clean
 
 all: build
 
@@ -14,12 +14,23 @@ build:
 run: build
 	./bin/pullproxy serve --listen 127.0.0.1:5000 --data-dir ./data
 
-## test: vet, then every test with the race detector
+## test: vet, then every test with the race detector, then each fuzz test briefly
 test: vet
 	$(GO) test -race -count=1 -timeout 15m ./...
+	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
 vet:
 	$(GO) vet ./...
+
+## fuzz: each fuzz test for FUZZTIME, from its corpus under testdata/fuzz
+FUZZTIME ?= 5s
+FUZZ := proxy:FuzzParseFastRequest proxy:FuzzResolve proxy:FuzzQueryValue proxy:FuzzParseByteRange \
+	proxy:FuzzParseAccept proxy:FuzzManifest upstream:FuzzParseChallenge storage:FuzzValidate
+fuzz:
+	@set -e; for t in $(FUZZ); do \
+		echo "fuzz: ./$${t%%:*} $${t#*:} for $(FUZZTIME)"; \
+		$(GO) test ./$${t%%:*} -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME); \
+	done
 
 ## bench: every benchmark, each writing its results under bench/ (root; make deps bench-deps first)
 bench: bench-pull bench-serve bench-cpu
