@@ -53,7 +53,7 @@ func TestStalledClientIsDropped(t *testing.T) {
 			if _, err := io.ReadFull(resp.Body, make([]byte, 1)); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(time.Second) // stalled: more than three times the timeout
+			time.Sleep(2 * time.Second) // stalled: over six times the timeout
 			n, err := io.Copy(io.Discard, resp.Body)
 			if dropped := err != nil || n+1 < int64(len(content)); dropped != tt.dropped {
 				t.Errorf("after the stall: read %d more bytes of %d, err %v: dropped %v, want %v",
