@@ -56,9 +56,18 @@ func openMeta(dir string, log *slog.Logger) (*badger.DB, error) {
 		WithIndexCacheSize(4 << 20).
 		WithNumCompactors(2).
 		WithSyncWrites(true)
+	if inUse(dir) {
+		return nil, fmt.Errorf("opening metadata database %s: %w: another process holds it "+
+			"(a pullproxy serving this data dir?): stop it first, or give this one a data dir of its own", dir, ErrInUse)
+	}
 	db, err := badger.Open(opts)
 	if err != nil {
-		return nil, fmt.Errorf("opening metadata database %s: %w (is another pullproxy using this data dir?)", dir, err)
+		// Not in use, so damaged: a crash of the file system, a disk
+		// that filled up at the wrong moment, an edit. The blobs do not
+		// depend on it.
+		return nil, fmt.Errorf("opening metadata database %s: %w: %v; the blob files do not depend on it: "+
+			"move it aside (mv %s %s.broken) and start again, and pullproxy serves the blobs it holds and learns tags "+
+			"from the upstreams again (downloads in progress start over)", dir, ErrMetadataDamaged, err, dir, dir)
 	}
 	return db, nil
 }
@@ -182,7 +191,22 @@ func (s *Store) recordBlob(ctx context.Context, d digest.Digest, size int64) err
 // update applies change to the record under key in one transaction, writing
 // only when change reports a difference.
 func (s *Store) update(key []byte, change func(*BlobRecord) bool) error {
-	err := s.db.Update(func(txn *badger.Txn) error {
+	// Two updates of one record at once (a commit and a last-access flush)
+	// conflict, and the later is to be run again on what the first wrote.
+	var err error
+	for range 3 {
+		if err = s.updateOnce(key, change); !errors.Is(err, badger.ErrConflict) {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("updating %s: %w", key, err)
+	}
+	return nil
+}
+
+func (s *Store) updateOnce(key []byte, change func(*BlobRecord) bool) error {
+	return s.db.Update(func(txn *badger.Txn) error {
 		var rec BlobRecord
 		if err := getTxn(txn, key, &rec); err != nil && !errors.Is(err, ErrNotFound) {
 			return err
@@ -196,10 +220,6 @@ func (s *Store) update(key []byte, change func(*BlobRecord) bool) error {
 		}
 		return txn.Set(key, b)
 	})
-	if err != nil {
-		return fmt.Errorf("updating %s: %w", key, err)
-	}
-	return nil
 }
 
 func (s *Store) get(key []byte, v any) error {

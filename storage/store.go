@@ -30,6 +30,11 @@ var (
 	// example a partial file edited or damaged while pullproxy was down.
 	// It comes with ErrDigestMismatch; the upstream is not to blame.
 	ErrChangedOnDisk = errors.New("changed on disk")
+	// ErrInUse: another process holds the data dir's metadata database.
+	ErrInUse = errors.New("data dir in use")
+	// ErrMetadataDamaged: the metadata database cannot be opened although
+	// no other process holds it.
+	ErrMetadataDamaged = errors.New("metadata database damaged")
 )
 
 // Store is pullproxy's local cache: blob files plus a Badger metadata database,

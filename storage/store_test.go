@@ -118,6 +118,44 @@ func TestOpenTwiceFails(t *testing.T) {
 		s.Close()
 		t.Fatalf("second Open of a data dir in use: got %v, want an error", err)
 	}
+	if !errors.Is(err, ErrInUse) || errors.Is(err, ErrMetadataDamaged) {
+		t.Errorf("second Open: got %v, want ErrInUse", err)
+	}
+}
+
+// TestDamagedMetadataWayBack: a metadata database that cannot be opened
+// is reported as damaged, with the way back; taking it, the store opens
+// and serves the blobs it holds.
+func TestDamagedMetadataWayBack(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := Open(t.Context(), dir, WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := randomBytes(9, 5000)
+	d := commitBlob(t, s, content)
+	s.Close()
+	manifests, _ := filepath.Glob(filepath.Join(dir, "meta", "MANIFEST"))
+	if len(manifests) != 1 {
+		t.Fatalf("no Badger MANIFEST to damage: %v", manifests)
+	}
+	if err := os.WriteFile(manifests[0], []byte("not a badger manifest"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(t.Context(), dir, WithLogger(slog.New(slog.DiscardHandler)))
+	if !errors.Is(err, ErrMetadataDamaged) || !strings.Contains(err.Error(), "mv ") {
+		t.Fatalf("got %v, want ErrMetadataDamaged saying how to move it aside", err)
+	}
+	if err := os.Rename(filepath.Join(dir, "meta"), filepath.Join(dir, "meta.broken")); err != nil {
+		t.Fatal(err)
+	}
+	s = openStoreAt(t, dir)
+	f, size, err := s.OpenBlob(t.Context(), d)
+	if err != nil || size != int64(len(content)) {
+		t.Fatalf("the blob after the metadata was rebuilt: %d bytes, %v", size, err)
+	}
+	f.Close()
 }
 
 func TestPutBlobRoundTrip(t *testing.T) {
