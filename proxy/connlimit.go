@@ -50,30 +50,44 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
+		if !l.s.clients.allows(c.RemoteAddr().String()) {
+			l.refuse(c, refusalForbidden, "client")
+			continue
+		}
 		if n := l.cc.open.Add(1); l.cc.max <= 0 || n <= l.cc.max {
 			return c, nil
 		}
 		l.cc.open.Add(-1)
-		l.refuse(c)
+		l.cc.refused.Add(1)
+		if now := time.Now().Unix(); now-l.cc.warnedAt.Load() >= 10 && l.cc.warnedAt.Swap(now) != now {
+			l.s.log.Warn("client connection refused: at the bound of open client connections",
+				"max_client_connections", l.cc.max, "refused_so_far", l.cc.refused.Load(),
+				"fix", "raise max_client_connections (and the process's descriptor limit), or add a replica")
+		}
+		l.refuse(c, refusalBusy, "limit")
 	}
 }
 
-// refusal is the answer to a connection past the bound: written before
-// the request is read, which HTTP/1.1 clients take as the answer to it.
-var refusal = func() []byte {
-	body := `{"errors":[{"code":"TOOMANYREQUESTS","message":"pullproxy holds as many client connections as it is allowed (max_client_connections): try again shortly, or another host"}]}`
-	return []byte("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n" +
-		"Connection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
-}()
+// refusalBusy is the answer to a connection past the bound, and
+// refusalForbidden to one from outside the allowed networks: written
+// before the request is read, which HTTP/1.1 clients take as the answer to
+// it.
+var (
+	refusalBusy = refusalResponse("503 Service Unavailable", "Retry-After: 1\r\n", "TOOMANYREQUESTS",
+		"pullproxy holds as many client connections as it is allowed (max_client_connections): try again shortly, or another host")
+	refusalForbidden = refusalResponse("403 Forbidden", "", "DENIED",
+		"clients from this address may not use this pullproxy (allow_clients)")
+)
 
-func (l *limitListener) refuse(c net.Conn) {
-	l.cc.refused.Add(1)
-	l.s.metrics.connsRefused.Inc()
-	if now := time.Now().Unix(); now-l.cc.warnedAt.Load() >= 10 && l.cc.warnedAt.Swap(now) != now {
-		l.s.log.Warn("client connection refused: at the bound of open client connections",
-			"max_client_connections", l.cc.max, "refused_so_far", l.cc.refused.Load(),
-			"fix", "raise max_client_connections (and the process's descriptor limit), or add a replica")
-	}
+func refusalResponse(status, extra, code, message string) []byte {
+	body := `{"errors":[{"code":"` + code + `","message":"` + message + `"}]}`
+	return []byte("HTTP/1.1 " + status + "\r\nContent-Type: application/json\r\n" + extra +
+		"Connection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}
+
+// refuse answers c with answer and closes it; reason labels the metric.
+func (l *limitListener) refuse(c net.Conn, answer []byte, reason string) {
+	l.s.metrics.connsRefused.WithLabelValues(reason).Inc()
 	if l.cc.refusing.Add(1) > maxRefusing {
 		l.cc.refusing.Add(-1)
 		c.Close()
@@ -85,7 +99,7 @@ func (l *limitListener) refuse(c net.Conn) {
 		// and the client might not see the answer: the write side is
 		// shut first, and the request read and dropped.
 		c.SetDeadline(time.Now().Add(time.Second))
-		c.Write(refusal)
+		c.Write(answer)
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.CloseWrite()
 		}

@@ -298,8 +298,8 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	s := f.s
 	ns := queryValue(req.query, "ns")
 	rt, err := s.resolve(req.method, req.path, ns)
-	if err != nil || rt.kind != kindBlob {
-		return false
+	if err != nil || rt.kind != kindBlob || !s.pullAllowed(rt, c.remote) {
+		return false // net/http answers, or refuses
 	}
 	start := time.Now()
 	d := digest.Digest(rt.ref)

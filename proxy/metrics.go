@@ -18,7 +18,7 @@ type metrics struct {
 	common       [2][2][len(commonStatuses)]atomic.Pointer[prometheus.Counter]
 	staleTags    *prometheus.CounterVec
 	fetches      *prometheus.CounterVec
-	connsRefused prometheus.Counter
+	connsRefused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -39,10 +39,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "pullproxy_blob_fetches_total",
 			Help: "Upstream blob downloads finished, by upstream and result (committed, failed).",
 		}, []string{"upstream", "result"}),
-		connsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+		connsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pullproxy_http_connections_refused_total",
-			Help: "Client connections refused with 503 because max_client_connections were open.",
-		}),
+			Help: "Client connections refused before their request, by reason: limit (503, max_client_connections open), client (403, not in allow_clients).",
+		}, []string{"reason"}),
 	}
 	m.served = map[string]prometheus.Counter{
 		"cache":    m.servedBytes.WithLabelValues("cache"),

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path"
@@ -90,6 +91,8 @@ type Server struct {
 	notFound        *notFound     // tags and manifests upstreams said they lack, briefly
 	sendTimeout     time.Duration // a client that takes no piece of a blob for this long is dropped
 	clientConns     *clientConns  // open client connections, and their bound
+	clients         clientList            // networks clients may connect from; empty: any
+	upstreamClients map[string]clientList // by upstream name: networks that may pull from it; absent: any
 	log             *slog.Logger
 	requestLog      *RequestLog // nil: request lines go through log
 	metrics         *metrics
@@ -137,6 +140,8 @@ type config struct {
 	notFoundTTL  time.Duration
 	sendTimeout  time.Duration
 	maxConns     int
+	clients      []netip.Prefix
+	upClients    map[string][]netip.Prefix
 	fetchTimeout time.Duration
 	log          *slog.Logger
 	requestLog   *RequestLog
@@ -220,6 +225,29 @@ func WithMaxClientConnections(n int) Option {
 	}
 }
 
+// WithAllowedClients limits who may connect to networks (see
+// ParseClientList): a connection from anywhere else is answered 403 and
+// closed before its request is read. Default: anyone.
+func WithAllowedClients(networks []netip.Prefix) Option {
+	return func(c *config) error { c.clients = networks; return nil }
+}
+
+// WithUpstreamAllowedClients limits who may pull from the upstream named
+// name to networks; others get 403 DENIED for its content. Repeatable, one
+// upstream at a time. Default: anyone the listener lets in.
+func WithUpstreamAllowedClients(name string, networks []netip.Prefix) Option {
+	return func(c *config) error {
+		if len(networks) == 0 {
+			return nil
+		}
+		if c.upClients == nil {
+			c.upClients = map[string][]netip.Prefix{}
+		}
+		c.upClients[upstream.CanonicalName(name)] = networks
+		return nil
+	}
+}
+
 // WithFetchTimeout bounds one upstream blob download, whoever waits for it.
 // Default: 1 hour.
 func WithFetchTimeout(d time.Duration) Option {
@@ -291,6 +319,7 @@ func New(opts ...Option) (*Server, error) {
 		notFound:    newNotFound(c.notFoundTTL),
 		sendTimeout: c.sendTimeout,
 		clientConns: &clientConns{max: int64(c.maxConns)},
+		clients:     c.clients,
 		blobLoop:    !c.noBlobLoop,
 		log:         c.log,
 		requestLog:  c.requestLog,
@@ -308,6 +337,15 @@ func New(opts ...Option) (*Server, error) {
 			return nil, fmt.Errorf("proxy: upstream %s configured twice", name)
 		}
 		s.upstreams[name] = u
+	}
+	for name, l := range c.upClients {
+		if s.upstreams[name] == nil {
+			return nil, fmt.Errorf("proxy: allowed clients given for %s, which is not a configured upstream", name)
+		}
+		if s.upstreamClients == nil {
+			s.upstreamClients = map[string]clientList{}
+		}
+		s.upstreamClients[name] = l
 	}
 	switch {
 	case c.defaultName != "":
@@ -398,6 +436,10 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 				"ns", ns, "fix", "add the registry to upstreams if it should be mirrored")
 		}
 		writeError(w, r, oe)
+		return rw
+	}
+	if !s.pullAllowed(rt, r.RemoteAddr) {
+		writeError(w, r, clientDenied(rt, r.RemoteAddr))
 		return rw
 	}
 	kind = rt.kind

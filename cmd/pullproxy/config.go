@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/pullproxy/pullproxy/proxy"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -32,6 +33,8 @@ type fileConfig struct {
 	FetchTimeout    *time.Duration   `yaml:"fetch_timeout"`
 	SendTimeout     *time.Duration   `yaml:"send_timeout"`           // a client taking no MiB of a blob for this long is dropped
 	MaxClientConns  int              `yaml:"max_client_connections"` // 0: from the descriptor limit
+	AllowClients    []string         `yaml:"allow_clients"`          // addresses and networks that may connect; empty: any
+	TLS             listenTLSConfig  `yaml:"tls"`                    // the listener's; off without cert_file
 	DefaultUpstream string           `yaml:"default_upstream"`
 	BlobLoop        *bool            `yaml:"blob_loop"`
 	ScrubRate       *byteSize        `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
@@ -122,6 +125,9 @@ type upstreamConfig struct {
 	// RedirectAllow are hosts, addresses and networks that redirects may
 	// go to although they are loopback, link-local or private.
 	RedirectAllow []string `yaml:"redirect_allow"`
+	// AllowClients are the addresses and networks that may pull from this
+	// upstream through pullproxy; empty: any the listener lets in.
+	AllowClients []string `yaml:"allow_clients"`
 }
 
 // tlsConfig returns the upstream's TLS settings, or nil for the defaults.
@@ -310,6 +316,14 @@ func (c *fileConfig) validate() error {
 			}
 		}
 		seen[name] = true
+	}
+	if _, err := proxy.ParseClientList(c.AllowClients); err != nil {
+		errs = append(errs, fmt.Errorf("allow_clients: %w", err))
+	}
+	for _, u := range c.Upstreams {
+		if _, err := proxy.ParseClientList(u.AllowClients); err != nil {
+			errs = append(errs, fmt.Errorf("upstream %s: allow_clients: %w", u.Name, err))
+		}
 	}
 	if c.MaxClientConns < 0 {
 		errs = append(errs, fmt.Errorf("max_client_connections %d: want 0 (from the descriptor limit) or more", c.MaxClientConns))

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -188,6 +189,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		defer func() { stopScrub(); <-scrubDone }()
 	}
 
+	clients, _ := proxy.ParseClientList(cfg.AllowClients) // checked by validate
+	listenTLS, err := cfg.TLS.serverTLS(log)
+	if err != nil {
+		return err
+	}
 	maxConns := cfg.MaxClientConns
 	if maxConns == 0 {
 		maxConns = defaultMaxClientConnections()
@@ -202,6 +208,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		proxy.WithFetchTimeout(*cfg.FetchTimeout),
 		proxy.WithSendTimeout(deref(cfg.SendTimeout)),
 		proxy.WithMaxClientConnections(maxConns),
+		proxy.WithAllowedClients(clients),
 		proxy.WithBlobLoop(*cfg.BlobLoop),
 	}
 	if cfg.DefaultUpstream != "" {
@@ -233,7 +240,8 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		opts = append(opts, proxy.WithUpstream(r))
+		upClients, _ := proxy.ParseClientList(u.AllowClients) // checked by validate
+		opts = append(opts, proxy.WithUpstream(r), proxy.WithUpstreamAllowedClients(u.Name, upClients))
 		names = append(names, u.Name+"="+strings.Join(r.Endpoints(), ","))
 	}
 	srv, err := proxy.New(opts...)
@@ -246,6 +254,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", cfg.Listen, err)
 	}
+	scheme := "http"
+	if listenTLS != nil {
+		// TLS connections are served by net/http alone: the blob loop
+		// sends plain TCP with sendfile.
+		ln, scheme = tls.NewListener(ln, listenTLS), "https"
+	}
 	httpSrv := &http.Server{
 		Handler:           srv,
 		ReadHeaderTimeout: 30 * time.Second,
@@ -253,7 +267,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("pullproxy serving", "version", version, "addr", ln.Addr().String(), "data_dir", cfg.DataDir,
-		"upstreams", names, "max_client_connections", maxConns)
+		"upstreams", names, "max_client_connections", maxConns, "scheme", scheme)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln, httpSrv) }()
