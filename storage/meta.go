@@ -66,8 +66,8 @@ func openMeta(dir string, log *slog.Logger) (*badger.DB, error) {
 		// that filled up at the wrong moment, an edit. The blobs do not
 		// depend on it.
 		return nil, fmt.Errorf("opening metadata database %s: %w: %v; the blob files do not depend on it: "+
-			"move it aside (mv %s %s.broken) and start again, and pullproxy serves the blobs it holds and learns tags "+
-			"from the upstreams again (downloads in progress start over)", dir, ErrMetadataDamaged, err, dir, dir)
+			"`pullproxy verify --repair` moves it aside and rebuilds it from them (or mv %s %s.broken and start again); "+
+			"tags are learned again from the upstreams, downloads in progress start over", dir, ErrMetadataDamaged, err, dir, dir)
 	}
 	return db, nil
 }

@@ -144,8 +144,8 @@ func TestDamagedMetadataWayBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = Open(t.Context(), dir, WithLogger(slog.New(slog.DiscardHandler)))
-	if !errors.Is(err, ErrMetadataDamaged) || !strings.Contains(err.Error(), "mv ") {
-		t.Fatalf("got %v, want ErrMetadataDamaged saying how to move it aside", err)
+	if !errors.Is(err, ErrMetadataDamaged) || !strings.Contains(err.Error(), "verify --repair") {
+		t.Fatalf("got %v, want ErrMetadataDamaged saying how to get back", err)
 	}
 	if err := os.Rename(filepath.Join(dir, "meta"), filepath.Join(dir, "meta.broken")); err != nil {
 		t.Fatal(err)

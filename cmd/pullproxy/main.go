@@ -38,6 +38,7 @@ const usage = `pullproxy: an OCI pull-through mirror
 
 Usage:
   pullproxy serve [flags]   run the mirror
+  pullproxy verify [flags]  re-hash the store and check it against its metadata (--repair fixes it)
   pullproxy version         print the version
 
 Run "pullproxy serve -h" for serve's flags.
@@ -47,8 +48,14 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "pullproxy:", err)
-		os.Exit(1)
+		code := 1
+		if ee := (*exitError)(nil); errors.As(err, &ee) {
+			code = ee.code
+		}
+		if err.Error() != "" {
+			fmt.Fprintln(os.Stderr, "pullproxy:", err)
+		}
+		os.Exit(code)
 	}
 }
 
@@ -60,6 +67,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "serve":
 		return serve(ctx, args[1:], stderr)
+	case "verify":
+		return verify(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "pullproxy", version)
 		return nil
