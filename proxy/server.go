@@ -88,9 +88,9 @@ type Server struct {
 	upstreams       map[string]Upstream
 	defaultUpstream Upstream
 	tagTTL          time.Duration
-	notFound        *notFound     // tags and manifests upstreams said they lack, briefly
-	sendTimeout     time.Duration // a client that takes no piece of a blob for this long is dropped
-	clientConns     *clientConns  // open client connections, and their bound
+	notFound        *notFound             // tags and manifests upstreams said they lack, briefly
+	sendTimeout     time.Duration         // a client that takes no piece of a blob for this long is dropped
+	clientConns     *clientConns          // open client connections, and their bound
 	clients         clientList            // networks clients may connect from; empty: any
 	upstreamClients map[string]clientList // by upstream name: networks that may pull from it; absent: any
 	log             *slog.Logger
