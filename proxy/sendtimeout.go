@@ -10,11 +10,13 @@ import (
 // A client that stops reading a response (a node that hung, a scanner
 // that reads one byte and waits) would otherwise hold its connection, its
 // goroutine and the blob's file open for as long as it likes: 600 of them
-// exhausted a 1,024-descriptor limit and real pulls failed. Blob bodies
-// therefore go out in pieces of sendPiece, and a client gets the send
-// timeout to take each piece; one that does not is dropped. On a LAN a
-// piece takes milliseconds; at the default timeout of a minute, only a
-// client slower than about 17 KiB/s is dropped.
+// exhausted a 1,024-descriptor limit and real pulls failed. A client gets
+// the send timeout to take bytes, and is dropped when it takes none: on
+// the blob loop's connections, from the last bytes it took (sendBlob); on
+// net/http's, which give no sign of progress inside a write, a blob's body
+// goes out in pieces of sendPiece, and the timeout runs for each piece. On
+// a LAN a piece takes milliseconds; at the default timeout of a minute,
+// only a client slower than about 17 KiB/s is dropped there.
 const sendPiece = 1 << 20
 
 // timedWriter is a ResponseWriter whose writes the client has timeout to
@@ -97,8 +99,9 @@ func (t *timedWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 // writerOnly hides ReadFrom, so that io.Copy does not call it again.
 type writerOnly struct{ io.Writer }
 
-// pieceDeadline is the write deadline of a piece started now: timeout from
-// now (0: none), and no later than until (zero: no limit). Zero: none.
+// pieceDeadline is the write deadline of a piece, or a wait, starting now:
+// timeout from now (0: none), and no later than until (zero: no limit).
+// Zero: none.
 func pieceDeadline(timeout time.Duration, until time.Time) time.Time {
 	if timeout <= 0 {
 		return until

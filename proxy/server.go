@@ -197,10 +197,11 @@ func WithNotFoundTTL(d time.Duration) Option {
 	}
 }
 
-// WithSendTimeout sets how long a client has to take each piece (1 MiB,
-// or what is left) of a blob's body before it is dropped: a client that
-// stops reading otherwise holds a connection, a goroutine and a file open
-// indefinitely. 0 turns it off. Default: 1 minute.
+// WithSendTimeout sets how long a client may take none of a blob's body
+// before it is dropped (on connections net/http serves: how long it has to
+// take each MiB): a client that stops reading otherwise holds a
+// connection, a goroutine and a file open indefinitely. 0 turns it off.
+// Default: 1 minute.
 func WithSendTimeout(d time.Duration) Option {
 	return func(c *config) error {
 		if d < 0 {

@@ -31,7 +31,7 @@ type fileConfig struct {
 	TagTTL          *time.Duration   `yaml:"tag_ttl"`
 	NotFoundTTL     *time.Duration   `yaml:"not_found_ttl"` // how long an upstream's 404 is answered from memory
 	FetchTimeout    *time.Duration   `yaml:"fetch_timeout"`
-	SendTimeout     *time.Duration   `yaml:"send_timeout"`           // a client taking no MiB of a blob for this long is dropped
+	SendTimeout     *time.Duration   `yaml:"send_timeout"`           // a client taking no bytes of a blob for this long is dropped
 	MaxClientConns  int              `yaml:"max_client_connections"` // 0: from the descriptor limit
 	AllowClients    []string         `yaml:"allow_clients"`          // addresses and networks that may connect; empty: any
 	TLS             listenTLSConfig  `yaml:"tls"`                    // the listener's; off without cert_file
