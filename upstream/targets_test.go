@@ -395,3 +395,30 @@ func TestRedirectTargetBodyStaysHome(t *testing.T) {
 		t.Errorf("got %v, want the registry's own message", err)
 	}
 }
+
+// TestGuardDialsIPv4First: a redirect target's addresses are dialled
+// IPv4 first, so that a host without an IPv6 route does not wait out a
+// connect timeout before the address that works.
+func TestGuardDialsIPv4First(t *testing.T) {
+	t.Parallel()
+	tgt, err := newTargets(discardLogger, []*url.URL{mustURL(t, "https://registry.example.com")}, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tgt.resolve = func(context.Context, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("2600:1f18::1"), netip.MustParseAddr("52.94.0.1"),
+			netip.MustParseAddr("2600:1f18::2"), netip.MustParseAddr("52.94.0.2")}, nil
+	}
+	var tried []string
+	dial := tgt.guard(func(_ context.Context, _, addr string) (net.Conn, error) {
+		tried = append(tried, addr)
+		return nil, errors.New("unreachable")
+	})
+	if _, err := dial(t.Context(), "tcp", "storage.example.com:443"); err == nil {
+		t.Fatal("dialled nothing, got a connection")
+	}
+	want := []string{"52.94.0.1:443", "52.94.0.2:443", "[2600:1f18::1]:443", "[2600:1f18::2]:443"}
+	if strings.Join(tried, " ") != strings.Join(want, " ") {
+		t.Errorf("dialled %v, want %v", tried, want)
+	}
+}
