@@ -69,29 +69,23 @@ func (s *Store) Verify(ctx context.Context, opts VerifyOptions) ([]Problem, erro
 		mu.Unlock()
 	}
 	var total int64
-	err := filepath.WalkDir(s.blobs, func(path string, e fs.DirEntry, err error) error {
-		if err != nil || e.IsDir() {
-			return err
-		}
-		alg := filepath.Base(filepath.Dir(filepath.Dir(path)))
-		d := digest.NewDigestFromEncoded(digest.Algorithm(alg), filepath.Base(path))
-		if validate(d) != nil || s.blobPath(d) != path || !e.Type().IsRegular() {
-			p := Problem{Kind: ProblemStray, Path: path, Detail: "not named as a blob of the store"}
-			if opts.Repair {
-				if err := os.Remove(path); err != nil {
-					return fmt.Errorf("removing stray file %s: %w", path, err)
-				}
-				p.Repaired = "removed"
-			}
-			report(p)
-			return nil
-		}
-		fi, err := e.Info()
+	err := s.walkBlobs(func(d digest.Digest, path string) error {
+		fi, err := os.Stat(path)
 		if err != nil {
-			return err
+			return nil // gone meanwhile
 		}
 		files = append(files, blobFile{d: d, path: path, size: fi.Size()})
 		total += fi.Size()
+		return nil
+	}, func(path string) error {
+		p := Problem{Kind: ProblemStray, Path: path, Detail: "not named as a blob of the store"}
+		if opts.Repair {
+			if err := os.Remove(path); err != nil {
+				return fmt.Errorf("removing stray file %s: %w", path, err)
+			}
+			p.Repaired = "removed"
+		}
+		report(p)
 		return nil
 	})
 	if err != nil {
@@ -126,7 +120,8 @@ func (s *Store) Verify(ctx context.Context, opts VerifyOptions) ([]Problem, erro
 	g.SetLimit(limit)
 	for _, f := range files {
 		g.Go(func() error {
-			p, err := s.verifyBlob(gctx, f.d, f.path, &done, opts.Repair)
+			count := func(r io.Reader) io.Reader { return &ctxReader{ctx: gctx, r: r, done: &done} }
+			p, err := s.verifyBlob(gctx, f.d, f.path, count, opts.Repair)
 			if p != nil {
 				report(*p)
 			}
@@ -174,18 +169,43 @@ func (s *Store) Verify(ctx context.Context, opts VerifyOptions) ([]Problem, erro
 	return problems, nil
 }
 
-// verifyBlob hashes one blob file and checks it against its record.
-func (s *Store) verifyBlob(ctx context.Context, d digest.Digest, path string, done *atomic.Int64, repair bool) (*Problem, error) {
+// walkBlobs calls blob for every blob file of the store, and stray, when
+// not nil, for every other file under blobs/.
+func (s *Store) walkBlobs(blob func(d digest.Digest, path string) error, stray func(path string) error) error {
+	return filepath.WalkDir(s.blobs, func(path string, e fs.DirEntry, err error) error {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil // removed meanwhile
+		}
+		if err != nil || e.IsDir() {
+			return err
+		}
+		alg := filepath.Base(filepath.Dir(filepath.Dir(path)))
+		d := digest.NewDigestFromEncoded(digest.Algorithm(alg), filepath.Base(path))
+		if validate(d) != nil || s.blobPath(d) != path || !e.Type().IsRegular() {
+			if stray != nil {
+				return stray(path)
+			}
+			return nil
+		}
+		return blob(d, path)
+	})
+}
+
+// verifyBlob hashes one blob file, read through wrap(file), and checks it
+// against its record; with repair, it quarantines a damaged blob (to be
+// fetched again) and writes or corrects the record of a verified one. It
+// is what verify and the scrubber share.
+func (s *Store) verifyBlob(ctx context.Context, d digest.Digest, path string, wrap func(io.Reader) io.Reader, repair bool) (*Problem, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
+		return nil, nil // evicted or quarantined meanwhile
 	}
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
 	h := d.Algorithm().Hash()
-	n, err := io.Copy(h, &ctxReader{ctx: ctx, r: f, done: done})
+	n, err := io.Copy(h, wrap(f))
 	if err != nil {
 		return nil, fmt.Errorf("reading %s: %w", path, err)
 	}
