@@ -39,8 +39,11 @@ func toOCI(err error, kind string) *ociError {
 		return oe
 	}
 	unknown := "BLOB_UNKNOWN"
-	if kind == kindManifest {
+	switch kind {
+	case kindManifest:
 		unknown = "MANIFEST_UNKNOWN"
+	case kindTags:
+		unknown = "NAME_UNKNOWN"
 	}
 	e := &ociError{message: err.Error()}
 	var ue *upstream.Error

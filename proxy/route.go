@@ -16,6 +16,7 @@ import (
 const (
 	kindManifest = "manifests"
 	kindBlob     = "blobs"
+	kindTags     = "tags" // the tag list: /v2/<name>/tags/list
 )
 
 // route is a registry API request resolved to the upstream that serves it.
@@ -47,7 +48,9 @@ func parsePath(path string) (name, kind, ref string, ok bool) {
 		return "", "", "", false
 	}
 	name, kind = rest[:j], rest[j+1:i]
-	if (kind != kindManifest && kind != kindBlob) || ref == "" {
+	switch {
+	case kind == kindTags && ref == "list":
+	case (kind != kindManifest && kind != kindBlob) || ref == "":
 		return "", "", "", false
 	}
 	return name, kind, ref, true
@@ -87,6 +90,7 @@ func (s *Server) resolve(method, urlPath, ns string) (route, error) {
 		}
 	}
 	switch {
+	case kind == kindTags:
 	case kind == kindBlob || strings.Contains(ref, ":"):
 		if isSHA256(ref) {
 			break

@@ -33,6 +33,9 @@ type Upstream interface {
 	HeadManifest(ctx context.Context, repo, ref string, accept []string) (upstream.Descriptor, error)
 	GetManifest(ctx context.Context, repo, ref string, accept []string) (upstream.Descriptor, []byte, error)
 	HeadBlob(ctx context.Context, repo string, d digest.Digest) (int64, error)
+	// ListTags returns a page of repo's tags: n (0: the upstream's
+	// choice) after last.
+	ListTags(ctx context.Context, repo string, n int, last string) (upstream.TagPage, error)
 	// FetchBlob writes a blob into w and returns the endpoint that served it.
 	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (string, error)
 	// ReportCorrupt says that the blob an endpoint served failed verification.
@@ -68,6 +71,8 @@ type ManifestStore interface {
 type TagStore interface {
 	Tag(ctx context.Context, upstream, repo, tag string) (storage.TagRecord, error)
 	PutTag(ctx context.Context, upstream, repo, tag string, rec storage.TagRecord) error
+	TagList(ctx context.Context, upstream, repo, query string) (storage.TagListRecord, error)
+	PutTagList(ctx context.Context, upstream, repo, query string, rec storage.TagListRecord) error
 }
 
 // Store is where content is kept. *storage.Store implements it.
@@ -449,6 +454,8 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 		s.serveManifest(w, r, rt)
 	case kindBlob:
 		s.serveBlob(w, r, rt)
+	case kindTags:
+		s.serveTags(w, r, rt)
 	}
 	return rw
 }

@@ -17,11 +17,13 @@ import (
 // Keys in the metadata database:
 //
 //	tag/<upstream>/<repository>:<tag>  → TagRecord
+//	taglist/<upstream>/<repo>?<query>  → TagListRecord
 //	blob/<digest>                      → BlobRecord
 //	declared/<upstream>/<repo>@<digest> → size a manifest of that repository declares
 //	partial/<digest>                   → a download's progress (checkpoint.go)
 const (
 	tagPrefix      = "tag/"
+	tagListPrefix  = "taglist/"
 	blobPrefix     = "blob/"
 	declaredPrefix = "declared/"
 )
@@ -92,6 +94,36 @@ func (s *Store) Tag(ctx context.Context, upstream, repo, tag string) (TagRecord,
 func (s *Store) PutTag(ctx context.Context, upstream, repo, tag string, rec TagRecord) error {
 	if err := s.put(tagKey(upstream, repo, tag), rec); err != nil {
 		return fmt.Errorf("recording tag %s/%s:%s: %w", upstream, repo, tag, err)
+	}
+	return nil
+}
+
+// TagListRecord is a page of a repository's tag list as its upstream gave
+// it, and when.
+type TagListRecord struct {
+	Tags      []string  `json:"tags"`
+	Next      string    `json:"next,omitempty"` // the next page's query (n, last), encoded; empty on the last
+	CheckedAt time.Time `json:"checkedAt"`
+}
+
+func tagListKey(upstream, repo, query string) []byte {
+	return []byte(tagListPrefix + upstream + "/" + repo + "?" + query)
+}
+
+// TagList returns the page of upstream/repo's tag list that query (n,
+// last, encoded) selects, as last recorded, or ErrNotFound.
+func (s *Store) TagList(ctx context.Context, upstream, repo, query string) (TagListRecord, error) {
+	var rec TagListRecord
+	if err := s.get(tagListKey(upstream, repo, query), &rec); err != nil {
+		return rec, fmt.Errorf("tag list of %s/%s?%s: %w", upstream, repo, query, err)
+	}
+	return rec, nil
+}
+
+// PutTagList records a page of upstream/repo's tag list.
+func (s *Store) PutTagList(ctx context.Context, upstream, repo, query string, rec TagListRecord) error {
+	if err := s.put(tagListKey(upstream, repo, query), rec); err != nil {
+		return fmt.Errorf("recording the tag list of %s/%s?%s: %w", upstream, repo, query, err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -302,6 +303,7 @@ type request struct {
 	method string
 	repo   string
 	path   string // below /v2/<repo>/, e.g. "manifests/latest"
+	query  string // encoded, without "?"
 	header http.Header
 	client *http.Client // default: the registry's pooled client
 }
@@ -490,6 +492,7 @@ func (r *Registry) sendOnce(ctx context.Context, ep *url.URL, q request, auth st
 	}
 	u := *ep
 	u.Path = ep.Path + "/v2/" + q.repo + "/" + q.path
+	u.RawQuery = q.query
 	req, err := http.NewRequestWithContext(ctx, q.method, u.String(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", q.op(), err)
@@ -600,6 +603,76 @@ func (r *Registry) HeadBlob(ctx context.Context, repo string, d digest.Digest) (
 		return -1, nil // unknown: the download learns it
 	}
 	return size, nil
+}
+
+// TagPage is one page of a repository's tag list.
+type TagPage struct {
+	Tags []string
+	// Next is the query (n and last) of the next page, as the upstream's
+	// Link header gives it; empty on the last page.
+	Next url.Values
+}
+
+// ListTags returns a page of repo's tags: n of them (0: as many as the
+// upstream gives) after last (empty: from the start).
+func (r *Registry) ListTags(ctx context.Context, repo string, n int, last string) (TagPage, error) {
+	query := url.Values{}
+	if n > 0 {
+		query.Set("n", strconv.Itoa(n))
+	}
+	if last != "" {
+		query.Set("last", last)
+	}
+	q := request{method: http.MethodGet, repo: repo, path: "tags/list", query: query.Encode()}
+	resp, err := r.do(ctx, q)
+	if err != nil {
+		return TagPage{}, err
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Tags []string `json:"tags"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, MaxManifestSize)).Decode(&body); err != nil {
+		return TagPage{}, &Error{Upstream: r.name, Endpoint: responseHost(resp), Op: q.op(), Status: resp.StatusCode,
+			Kind: ErrInvalid, Message: "the tag list is not JSON: " + err.Error()}
+	}
+	page := TagPage{Tags: body.Tags}
+	if page.Tags == nil {
+		page.Tags = []string{}
+	}
+	page.Next = nextPage(resp.Header.Get("Link"))
+	if page.Next == nil && n > 0 && len(page.Tags) == n {
+		// A full page without a Link (some registries send none): there
+		// may be more, after the last tag; at worst the next page is empty.
+		page.Next = url.Values{"n": {strconv.Itoa(n)}, "last": {page.Tags[n-1]}}
+	}
+	return page, nil
+}
+
+// nextPage reads the query of a Link header's rel="next" target:
+// `</v2/library/alpine/tags/list?n=100&last=3.19>; rel="next"`.
+func nextPage(link string) url.Values {
+	for part := range strings.SplitSeq(link, ",") {
+		target, params, ok := strings.Cut(part, ";")
+		if !ok || !strings.Contains(strings.NewReplacer(" ", "", `"`, "").Replace(params), "rel=next") {
+			continue
+		}
+		u, err := url.Parse(strings.Trim(strings.TrimSpace(target), "<>"))
+		if err != nil {
+			continue
+		}
+		q := u.Query()
+		next := url.Values{}
+		for _, k := range []string{"n", "last"} {
+			if v := q.Get(k); v != "" {
+				next.Set(k, v)
+			}
+		}
+		if len(next) > 0 {
+			return next
+		}
+	}
+	return nil
 }
 
 // headRefused reports whether a HEAD's status says the upstream does not

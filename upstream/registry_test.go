@@ -830,3 +830,19 @@ func TestAgainstRegistry(t *testing.T) {
 		}
 	}
 }
+
+func TestNextPage(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ link, want string }{
+		{`</v2/library/alpine/tags/list?n=100&last=3.19>; rel="next"`, "last=3.19&n=100"},
+		{`<https://registry.example.com/v2/a/tags/list?last=b&n=2&other=x>; rel=next, </v2/a/tags/list?last=z>; rel="next"`, "last=b&n=2"},
+		{`</v2/a/tags/list?last=b>; rel="prev", </v2/a/tags/list?last=z>; rel="next"`, "last=z"},
+		{`</v2/a/tags/list?last=b>; rel="prev"`, ""},
+		{"", ""},
+		{"garbage", ""},
+	} {
+		if got := nextPage(tt.link).Encode(); got != tt.want {
+			t.Errorf("nextPage(%q) = %q, want %q", tt.link, got, tt.want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"log"
 	"net/http"
@@ -324,6 +325,18 @@ func TestSkopeoPathPrefixPull(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dest, "blobs", "sha256", l.Digest.Hex)); err != nil {
 			t.Errorf("layer %s missing from the copy: %v", l.Digest, err)
 		}
+	}
+
+	// skopeo inspect lists the repository's tags (tags/list), and failed
+	// on a mirror without the tag list.
+	out, err = exec.CommandContext(ctx, "skopeo", "--override-os", "linux", "--override-arch", "amd64",
+		"inspect", "--tls-verify=false", src).CombinedOutput()
+	if err != nil {
+		t.Fatalf("skopeo inspect %s: %v\n%s", src, err, out)
+	}
+	var inspected struct{ RepoTags []string }
+	if err := json.Unmarshal(out, &inspected); err != nil || strings.Join(inspected.RepoTags, ",") != "v1" {
+		t.Errorf("skopeo inspect: tags %v (%v), want [v1]\n%s", inspected.RepoTags, err, out)
 	}
 }
 

@@ -1,0 +1,104 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// serveTags answers GET /v2/<name>/tags/list, with the distribution spec's
+// n and last, and a Link header to the next page. A page is asked of the
+// upstream, with its credentials, and kept per upstream, repository and
+// query; like a tag, it is served from the store while younger than the
+// tag TTL, and served stale (and counted) when the upstream cannot answer.
+func (s *Server) serveTags(w http.ResponseWriter, r *http.Request, rt route) {
+	q := r.URL.Query()
+	n := 0
+	if v := q.Get("n"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 0 {
+			writeError(w, r, &ociError{status: http.StatusBadRequest, code: "PAGINATION_NUMBER_INVALID",
+				message: fmt.Sprintf("n=%q: want a number of tags", v)})
+			return
+		}
+	}
+	last := q.Get("last")
+	page, err := s.tagPage(r.Context(), rt, n, last)
+	if err != nil {
+		s.fail(w, r, rt, err)
+		return
+	}
+	// The name as the client asked for it (docker.io's "alpine", not
+	// "library/alpine"), its ns kept in the next page's link.
+	name := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v2/"), "/tags/list")
+	body, _ := json.Marshal(struct {
+		Name string   `json:"name"`
+		Tags []string `json:"tags"`
+	}{name, page.Tags})
+	h := w.Header()
+	if page.Next != "" {
+		next, _ := url.ParseQuery(page.Next)
+		if ns := q.Get("ns"); ns != "" {
+			next.Set("ns", ns)
+		}
+		h.Set("Link", fmt.Sprintf(`</v2/%s/tags/list?%s>; rel="next"`, name, next.Encode()))
+	}
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		w.Write(body)
+	}
+}
+
+// tagPage returns a page of rt's tag list, from the store while fresh,
+// else from the upstream (one request however many clients ask).
+func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (storage.TagListRecord, error) {
+	name := rt.up.Name()
+	query := url.Values{}
+	if n > 0 {
+		query.Set("n", strconv.Itoa(n))
+	}
+	if last != "" {
+		query.Set("last", last)
+	}
+	key := query.Encode()
+	rec, err := s.tags.TagList(ctx, name, rt.repo, key)
+	cached := err == nil
+	if err != nil && !errors.Is(err, storage.ErrNotFound) {
+		s.log.Warn("reading the tag list cache", "err", err)
+	}
+	if cached && time.Since(rec.CheckedAt) < s.tagTTL {
+		return rec, nil
+	}
+	v, err, _ := s.shared(ctx, "tags "+name+"/"+rt.repo+"?"+key, func(ctx context.Context) (any, error) {
+		page, err := rt.up.ListTags(ctx, rt.repo, n, last)
+		if err != nil {
+			return nil, err
+		}
+		rec := storage.TagListRecord{Tags: page.Tags, Next: page.Next.Encode(), CheckedAt: time.Now()}
+		if err := s.tags.PutTagList(ctx, name, rt.repo, key, rec); err != nil {
+			s.log.Warn("caching a tag list", "upstream", name, "repo", rt.repo, "err", err)
+		}
+		return rec, nil
+	})
+	if err == nil {
+		return v.(storage.TagListRecord), nil
+	}
+	if cached && !errors.Is(err, upstream.ErrNotFound) && ctx.Err() == nil {
+		s.metrics.staleTags.WithLabelValues(name).Inc()
+		s.log.Warn("upstream failed to list tags: serving the cached list", "upstream", name, "repo", rt.repo,
+			"age", time.Since(rec.CheckedAt).Round(time.Second), "err", err)
+		return rec, nil
+	}
+	return storage.TagListRecord{}, err
+}

@@ -1,0 +1,72 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+type tagList struct {
+	Name string   `json:"name"`
+	Tags []string `json:"tags"`
+}
+
+func (e *env) tags(path string) (*http.Response, tagList) {
+	e.t.Helper()
+	resp, body := e.get(http.MethodGet, path, nil)
+	var l tagList
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(body, &l); err != nil {
+			e.t.Fatalf("%s: %q is no tag list: %v", path, body, err)
+		}
+	}
+	return resp, l
+}
+
+// TestTagList: GET /v2/<name>/tags/list answers the upstream's tags, page
+// by page with n, last and Link, from the store while fresh, and from the
+// store when the upstream fails.
+func TestTagList(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, WithTagTTL(time.Hour))
+	for _, tag := range []string{"v1", "v2", "v3"} {
+		e.push("test/app", tag, 100, 1)
+	}
+	ns := "?ns=" + upstreamName
+	resp, l := e.tags("/v2/test/app/tags/list" + ns)
+	if resp.StatusCode != http.StatusOK || l.Name != "test/app" || strings.Join(l.Tags, ",") != "v1,v2,v3" {
+		t.Fatalf("whole list: %d %+v", resp.StatusCode, l)
+	}
+	resp, l = e.tags("/v2/test/app/tags/list" + ns + "&n=2")
+	link := resp.Header.Get("Link")
+	if strings.Join(l.Tags, ",") != "v1,v2" || !strings.HasSuffix(link, `; rel="next"`) || !strings.Contains(link, "ns="+upstreamName) {
+		t.Fatalf("first page: %+v, Link %q", l, link)
+	}
+	next := strings.TrimSuffix(strings.TrimPrefix(link, "<"), `>; rel="next"`)
+	resp, l = e.tags(next)
+	if strings.Join(l.Tags, ",") != "v3" || resp.Header.Get("Link") != "" {
+		t.Fatalf("next page %s: %+v, Link %q", next, l, resp.Header.Get("Link"))
+	}
+
+	asked := e.counter.count("GET list")
+	e.tags("/v2/test/app/tags/list" + ns)
+	if got := e.counter.count("GET list"); got != asked {
+		t.Errorf("a fresh list asked the upstream again: %d requests, want %d", got, asked)
+	}
+	e.counter.down.Store(true)
+	e.stop()
+	e.start(e.upstream.URL, WithTagTTL(0)) // every list due for revalidation
+	if resp, l := e.tags("/v2/test/app/tags/list" + ns); resp.StatusCode != http.StatusOK || len(l.Tags) != 3 {
+		t.Errorf("upstream down: %d %+v, want the cached list", resp.StatusCode, l)
+	}
+	e.counter.down.Store(false)
+	if resp, body := e.get(http.MethodGet, "/v2/test/nope/tags/list"+ns, nil); resp.StatusCode != http.StatusNotFound ||
+		!strings.Contains(string(body), "NAME_UNKNOWN") {
+		t.Errorf("unknown repository: %d %s, want 404 NAME_UNKNOWN", resp.StatusCode, body)
+	}
+	if resp, _ := e.get(http.MethodGet, "/v2/test/app/tags/list"+ns+"&n=many", nil); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("n=many: %d, want 400", resp.StatusCode)
+	}
+}
