@@ -136,3 +136,23 @@ func TestDefaultUpstream(t *testing.T) {
 		t.Fatalf("status %d, want 200: %s", resp.StatusCode, body)
 	}
 }
+
+// TestBaseWithoutSlash: /v2 answers as /v2/ does, without a redirect.
+func TestBaseWithoutSlash(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, m := range []string{http.MethodGet, http.MethodHead} {
+		req, err := http.NewRequest(m, e.proxy.URL+"/v2", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultTransport.RoundTrip(req) // follows no redirect
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Docker-Distribution-API-Version") != "registry/2.0" {
+			t.Errorf("%s /v2: %d, %v; want 200 as for /v2/", m, resp.StatusCode, resp.Header)
+		}
+	}
+}

@@ -394,7 +394,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A clean /v2/ path is what the mux would route to serveRegistry
 	// anyway; going there directly spares every blob request the mux's
 	// matching and its allocations.
-	if p := r.URL.Path; strings.HasPrefix(p, "/v2/") && (p == "/v2/" || path.Clean(p) == p) && r.Method != http.MethodConnect {
+	// /v2 is the base too: the mux would redirect it to /v2/, a round trip
+	// some clients do not make.
+	if p := r.URL.Path; (strings.HasPrefix(p, "/v2/") && (p == "/v2/" || path.Clean(p) == p) || p == "/v2") && r.Method != http.MethodConnect {
 		s.serveRegistry(w, r)
 		return
 	}
