@@ -64,6 +64,15 @@ func toOCI(err error, kind string) *ociError {
 		if errors.As(err, &ue) {
 			e.retryAfter = ue.RetryAfter
 		}
+	case kind != kindBlob && errors.As(err, &ue) && ue.Status >= 400 && ue.Status < 500 && ue.Status != http.StatusTooManyRequests:
+		// The upstream refused a manifest or tag list request as the
+		// client made it (a 400 MANIFEST_INVALID for an Accept it cannot
+		// serve): the client gets the same status and code. Not for blobs,
+		// whose requests upstream are pullproxy's own chunks.
+		e.status, e.code = ue.Status, ue.Code
+		if e.code == "" {
+			e.code = "UNKNOWN"
+		}
 	case errors.Is(err, upstream.ErrUnavailable), errors.Is(err, context.DeadlineExceeded),
 		errors.Is(err, errShuttingDown):
 		e.status, e.code = http.StatusServiceUnavailable, "UNAVAILABLE"

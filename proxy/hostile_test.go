@@ -96,3 +96,50 @@ func TestUpstreamRefusingHead(t *testing.T) {
 		})
 	}
 }
+
+// strictManifests refuses the tag strict with 400 MANIFEST_INVALID, as a
+// registry refuses a manifest list to a client accepting only OCI types.
+type strictManifests struct{ next http.Handler }
+
+func (s strictManifests) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !strings.HasSuffix(r.URL.Path, "/manifests/strict") {
+		s.next.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusBadRequest)
+	w.Write([]byte(`{"errors":[{"code":"MANIFEST_INVALID","message":"manifest invalid: OCI index only"}]}`))
+}
+
+// TestUpstreamRefusalPassesThrough: an upstream's 4xx for a manifest
+// reaches the client as that 4xx with its OCI code, not as a 502.
+func TestUpstreamRefusalPassesThrough(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.counter.next = strictManifests{next: e.counter.next}
+	resp, body := e.get("GET", "/v2/test/app/manifests/strict?ns="+upstreamName,
+		http.Header{"Accept": {"application/vnd.oci.image.manifest.v1+json"}})
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), "MANIFEST_INVALID") {
+		t.Errorf("got %d %s, want 400 MANIFEST_INVALID", resp.StatusCode, body)
+	}
+}
+
+// TestManifestNotModified: a manifest asked with its current entity tag
+// in If-None-Match is 304.
+func TestManifestNotModified(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.push("test/app", "v1", 100, 1)
+	path := "/v2/test/app/manifests/v1?ns=" + upstreamName
+	resp, _ := e.get("GET", path, nil)
+	etag := resp.Header.Get("Etag")
+	if resp.StatusCode != http.StatusOK || etag == "" {
+		t.Fatalf("got %d, ETag %q", resp.StatusCode, etag)
+	}
+	if resp, body := e.get("GET", path, http.Header{"If-None-Match": {etag}}); resp.StatusCode != http.StatusNotModified || len(body) != 0 {
+		t.Errorf("If-None-Match %s: got %d, %d bytes; want 304, none", etag, resp.StatusCode, len(body))
+	}
+	if resp, _ := e.get("GET", path, http.Header{"If-None-Match": {`"sha256:0"`}}); resp.StatusCode != http.StatusOK {
+		t.Errorf("If-None-Match of another: got %d, want 200", resp.StatusCode)
+	}
+}

@@ -57,10 +57,14 @@ func (s *Server) serveManifest(w http.ResponseWriter, r *http.Request, rt route)
 		mediaType = desc.MediaType
 	}
 	h := w.Header()
+	etag := `"` + desc.Digest.String() + `"`
+	h.Set("Docker-Content-Digest", desc.Digest.String())
+	h.Set("Etag", etag)
+	if preconditions(w, r, etag) {
+		return
+	}
 	h.Set("Content-Type", mediaType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
-	h.Set("Docker-Content-Digest", desc.Digest.String())
-	h.Set("Etag", `"`+desc.Digest.String()+`"`)
 	w.WriteHeader(http.StatusOK)
 	if r.Method != http.MethodHead {
 		w.Write(body)
