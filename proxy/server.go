@@ -73,6 +73,8 @@ type TagStore interface {
 	PutTag(ctx context.Context, upstream, repo, tag string, rec storage.TagRecord) error
 	TagList(ctx context.Context, upstream, repo, query string) (storage.TagListRecord, error)
 	PutTagList(ctx context.Context, upstream, repo, query string, rec storage.TagListRecord) error
+	// Repositories lists the repositories known, as "<upstream>/<repo>", sorted.
+	Repositories(ctx context.Context) ([]string, error)
 }
 
 // Store is where content is kept. *storage.Store implements it.
@@ -425,6 +427,11 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 		w.Header().Set("Allow", "GET, HEAD")
 		writeError(w, r, &ociError{status: http.StatusMethodNotAllowed, code: "UNSUPPORTED",
 			message: "pullproxy is a read-only mirror: " + r.Method + " is not supported"})
+		return rw
+	}
+	if r.URL.Path == "/v2/_catalog" {
+		kind = "catalog"
+		s.serveCatalog(w, r)
 		return rw
 	}
 	if r.URL.Path == "/v2/" || r.URL.Path == "/v2" {

@@ -102,3 +102,66 @@ func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (sto
 	}
 	return storage.TagListRecord{}, err
 }
+
+// maxCatalogPage bounds a catalog page when the client gives no n.
+const maxCatalogPage = 1000
+
+// serveCatalog answers GET /v2/_catalog: the repositories the store knows,
+// as "<upstream>/<repo>" (what an air-gapped site holds), n at a time
+// after last, with a Link to the next page. Repositories of upstreams the
+// client may not pull from are left out.
+func (s *Server) serveCatalog(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	n := maxCatalogPage
+	if v := q.Get("n"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 0 {
+			writeError(w, r, &ociError{status: http.StatusBadRequest, code: "PAGINATION_NUMBER_INVALID",
+				message: fmt.Sprintf("n=%q: want a number of repositories", v)})
+			return
+		}
+	}
+	all, err := s.tags.Repositories(r.Context())
+	if err != nil {
+		writeError(w, r, toOCI(err, "catalog"))
+		return
+	}
+	last := q.Get("last")
+	repos := make([]string, 0, min(n, len(all)))
+	more := false
+	for _, repo := range all {
+		if repo <= last || !s.catalogVisible(repo, r.RemoteAddr) {
+			continue
+		}
+		if len(repos) == n {
+			more = true
+			break
+		}
+		repos = append(repos, repo)
+	}
+	if more && len(repos) > 0 {
+		next := url.Values{"n": {strconv.Itoa(n)}, "last": {repos[len(repos)-1]}}
+		w.Header().Set("Link", `</v2/_catalog?`+next.Encode()+`>; rel="next"`)
+	}
+	body, _ := json.Marshal(struct {
+		Repositories []string `json:"repositories"`
+	}{repos})
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		w.Write(body)
+	}
+}
+
+// catalogVisible reports whether a client at remote may see repo
+// ("<upstream>/<repo>") in the catalog: whether it may pull from its
+// upstream.
+func (s *Server) catalogVisible(repo, remote string) bool {
+	if len(s.upstreamClients) == 0 {
+		return true
+	}
+	name, _, _ := strings.Cut(repo, "/")
+	l, ok := s.upstreamClients[upstream.CanonicalName(name)]
+	return !ok || l.allows(remote)
+}

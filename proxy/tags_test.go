@@ -70,3 +70,39 @@ func TestTagList(t *testing.T) {
 		t.Errorf("n=many: %d, want 400", resp.StatusCode)
 	}
 }
+
+// TestCatalog: /v2/_catalog lists the repositories the store holds, as
+// <upstream>/<repo>, page by page.
+func TestCatalog(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ns := "?ns=" + upstreamName
+	for _, repo := range []string{"test/other", "test/app"} {
+		e.push(repo, "v1", 100, 1)
+		if resp, _ := e.get(http.MethodGet, "/v2/"+repo+"/manifests/v1"+ns, nil); resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %d", repo, resp.StatusCode)
+		}
+	}
+	type catalog struct{ Repositories []string }
+	get := func(path string) (*http.Response, catalog) {
+		resp, body := e.get(http.MethodGet, path, nil)
+		var c catalog
+		if err := json.Unmarshal(body, &c); err != nil {
+			t.Fatalf("%s: %q: %v", path, body, err)
+		}
+		return resp, c
+	}
+	want := []string{upstreamName + "/test/app", upstreamName + "/test/other"}
+	if _, c := get("/v2/_catalog"); strings.Join(c.Repositories, " ") != strings.Join(want, " ") {
+		t.Errorf("catalog: %v, want %v", c.Repositories, want)
+	}
+	resp, c := get("/v2/_catalog?n=1")
+	link := resp.Header.Get("Link")
+	if strings.Join(c.Repositories, " ") != want[0] || link == "" {
+		t.Fatalf("first page: %v, Link %q", c.Repositories, link)
+	}
+	resp, c = get(strings.TrimSuffix(strings.TrimPrefix(link, "<"), `>; rel="next"`))
+	if strings.Join(c.Repositories, " ") != want[1] || resp.Header.Get("Link") != "" {
+		t.Errorf("second page: %v, Link %q", c.Repositories, resp.Header.Get("Link"))
+	}
+}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -293,4 +295,32 @@ func (l badgerLogger) logf(level slog.Level, f string, a []any) {
 	if l.log.Enabled(ctx, level) {
 		l.log.Log(ctx, level, strings.TrimSpace(fmt.Sprintf(f, a...)), "component", "badger")
 	}
+}
+
+// Repositories returns the repositories the store knows, as
+// "<upstream>/<repo>", sorted: those with a tag resolved, a tag list, or
+// a manifest whose sizes were recorded (pulled by digest).
+func (s *Store) Repositories(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	err := s.db.View(func(txn *badger.Txn) error {
+		for _, p := range []struct{ prefix, sep string }{{tagPrefix, ":"}, {tagListPrefix, "?"}, {declaredPrefix, "@"}} {
+			it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(p.prefix)})
+			for it.Rewind(); it.Valid(); it.Next() {
+				if err := ctx.Err(); err != nil {
+					it.Close()
+					return err
+				}
+				key := string(it.Item().Key()[len(p.prefix):])
+				if i := strings.LastIndex(key, p.sep); i > 0 {
+					seen[key[:i]] = true
+				}
+			}
+			it.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing repositories: %w", err)
+	}
+	return slices.Sorted(maps.Keys(seen)), nil
 }
