@@ -38,10 +38,16 @@ var ErrDamaged = errors.New("damaged on disk")
 // runs on every blob served.
 func (s *Store) recordedSize(d digest.Digest) (int64, bool) {
 	if v, ok := s.sizes.Load(d); ok {
-		return v.(int64), true
+		size := v.(int64)
+		return size, size >= 0
 	}
 	var rec BlobRecord
 	if err := s.get(blobKey(d), &rec); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			// Remembered too, so that a blob without a record does not
+			// cost a database read at every open; recordBlob replaces it.
+			s.sizes.Store(d, int64(-1))
+		}
 		return 0, false
 	}
 	s.sizes.Store(d, rec.Size)

@@ -45,7 +45,7 @@ type Store struct {
 	db    *badger.DB
 	log   *slog.Logger
 
-	sizes   sync.Map     // digest.Digest → int64: committed sizes read so far (see recordedSize)
+	sizes   sync.Map     // digest.Digest → int64: committed sizes read so far, -1 for none recorded (see recordedSize)
 	damaged atomic.Int64 // blobs found damaged and quarantined
 
 	space    func(path string) (free, total int64, err error) // diskSpace; tests replace it
