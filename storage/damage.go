@@ -45,8 +45,11 @@ func (s *Store) recordedSize(d digest.Digest) (int64, bool) {
 	if err := s.get(blobKey(d), &rec); err != nil {
 		if errors.Is(err, ErrNotFound) {
 			// Remembered too, so that a blob without a record does not
-			// cost a database read at every open; recordBlob replaces it.
-			s.sizes.Store(d, int64(-1))
+			// cost a database read at every open. A size stored meanwhile
+			// (a commit racing this read) wins over the absence.
+			if v, loaded := s.sizes.LoadOrStore(d, int64(-1)); loaded && v.(int64) >= 0 {
+				return v.(int64), true
+			}
 		}
 		return 0, false
 	}

@@ -362,11 +362,11 @@ func (p *Partial) Commit(ctx context.Context) error {
 		p.Fail(err)
 		return err
 	}
-	if err := p.store.commitFile(p.f, p.digest); err != nil {
+	size := p.Size()
+	if err := p.store.commitFile(p.f, p.digest, size); err != nil {
 		p.Fail(err)
 		return err
 	}
-	size := p.Size()
 	final := p.store.blobPath(p.digest)
 	p.mu.Lock()
 	p.committed = final

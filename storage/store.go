@@ -277,15 +277,17 @@ func (s *Store) PutBlob(ctx context.Context, d digest.Digest, b []byte) error {
 		tmp.Close()
 		return fmt.Errorf("storing %s: %w", d, err)
 	}
-	if err := s.commitFile(tmp, d); err != nil {
+	if err := s.commitFile(tmp, d, int64(len(b))); err != nil {
 		return err
 	}
 	return s.recordBlob(ctx, d, int64(len(b)))
 }
 
 // commitFile syncs and closes f, then renames it into place as blob d. The
-// rename is the only step that makes content visible.
-func (s *Store) commitFile(f *os.File, d digest.Digest) error {
+// rename is the only step that makes content visible. The size is known in
+// memory before it: a reader that finds the file finds its size too, and
+// never caches its absence while the record is being written.
+func (s *Store) commitFile(f *os.File, d digest.Digest, size int64) error {
 	if err := f.Sync(); err != nil {
 		f.Close()
 		return fmt.Errorf("committing %s: sync: %w", d, err)
@@ -298,6 +300,7 @@ func (s *Store) commitFile(f *os.File, d digest.Digest) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("committing %s: %w", d, err)
 	}
+	s.sizes.Store(d, size)
 	if err := os.Rename(f.Name(), dst); err != nil {
 		return fmt.Errorf("committing %s: %w", d, err)
 	}
