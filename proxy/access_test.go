@@ -48,6 +48,9 @@ func TestBlobAccessRecordedOncePerFlush(t *testing.T) {
 	if err := st.PutBlob(t.Context(), d, content); err != nil {
 		t.Fatal(err)
 	}
+	if err := st.AddMembers(t.Context(), upstreamName, "app", d); err != nil {
+		t.Fatal(err)
+	}
 	store := &touchCounter{Store: st, touched: map[digest.Digest]int{}}
 	// The upstream is never asked: the blob is stored.
 	up, err := upstream.New(upstreamName, []string{"http://127.0.0.1:1"}, upstream.WithLogger(testLog(t)))

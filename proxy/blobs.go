@@ -36,6 +36,11 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 	for range 2 {
 		f, size, err := s.blobs.OpenBlob(ctx, d)
 		if err == nil {
+			if err := s.inRepository(ctx, rt, kindBlob, d); err != nil {
+				f.Close()
+				s.fail(w, r, rt, err)
+				return
+			}
 			setSource(w, "cache")
 			tw, sent := s.timed(w)
 			if conditional(r.Header) {
@@ -62,7 +67,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 			s.headBlob(w, r, rt, d)
 			return
 		}
-		p, err := s.downloads.join(ctx, rt, d)
+		p, own, err := s.downloads.join(ctx, rt, d)
 		if errors.Is(err, errStored) {
 			continue
 		}
@@ -71,7 +76,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 			return
 		}
 		setSource(w, "download")
-		s.serveDownload(w, r, rt, p)
+		s.serveDownload(w, r, rt, p, own)
 		return
 	}
 	s.fail(w, r, rt, fmt.Errorf("blob %s: committed but not readable", d))
@@ -134,17 +139,20 @@ var (
 func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d digest.Digest) {
 	var size int64
 	var err error
-	if p := s.downloads.lookup(d); p != nil {
-		size, err = p.WaitStarted(r.Context())
+	if p, own := s.downloads.lookup(rt, d); p != nil {
+		if err = s.ownOrInRepository(r.Context(), rt, d, own); err == nil {
+			size, err = p.WaitStarted(r.Context())
+		}
 	} else if size, err = rt.up.HeadBlob(r.Context(), rt.repo, d); err == nil && size < 0 {
 		// The upstream's HEAD gave no size: the download will learn it.
 		var p inflight
-		if p, err = s.downloads.join(r.Context(), rt, d); err == nil {
+		if p, _, err = s.downloads.join(r.Context(), rt, d); err == nil {
 			size, err = p.WaitStarted(r.Context())
 		} else if errors.Is(err, errStored) {
 			size, err = s.blobs.StatBlob(r.Context(), d)
 		}
 	} else if err == nil {
+		s.addMember(r.Context(), rt, d) // the upstream has it there
 		size, err = s.declaredHead(r.Context(), rt, d, size)
 	}
 	if err != nil {
@@ -179,7 +187,10 @@ func (s *Server) declaredHead(ctx context.Context, rt route, d digest.Digest, si
 // back to another host, rather than a 200 that ends with no byte. If the
 // download fails after that, the response ends short with a clean close, and
 // the client resumes with a Range request that joins or starts the next one.
-func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route, p inflight) {
+//
+// own says the download was started for rt's upstream and repository: once
+// the upstream has started sending, the blob is known to be there.
+func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route, p inflight, own bool) {
 	ctx := r.Context()
 	size, err := p.WaitStarted(ctx)
 	if err != nil {
@@ -187,6 +198,9 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route,
 			s.fail(w, r, rt, err)
 		}
 		return
+	}
+	if own {
+		s.addMember(ctx, rt, p.Digest())
 	}
 	etag := `"` + p.Digest().String() + `"`
 	if preconditions(w, r, etag) {

@@ -81,7 +81,7 @@ func TestTagServedStaleWhenUpstreamFails(t *testing.T) {
 						method, status, resp.StatusCode, resp.Header.Get("Docker-Content-Digest"), want, body)
 				}
 			}
-			if got := testutil.ToFloat64(e.srv.metrics.staleTags.WithLabelValues(upstreamName)); got != 2 {
+			if got := testutil.ToFloat64(e.srv.metrics.stale.WithLabelValues(upstreamName, "tag")); got != 2 {
 				t.Errorf("stale tags served: got %v, want 2", got)
 			}
 		})
@@ -141,6 +141,7 @@ type blobServer struct {
 	corrupt   bool
 	holdAt    int64         // offset in the blob at which responses wait for hold to close; 0: none
 	hold      chan struct{} // see holdAt
+	repo      string        // the only repository holding the blob; "": any
 	requests  atomic.Int64
 	sent      atomic.Int64 // body bytes written to clients
 }
@@ -153,6 +154,12 @@ func newBlobServer(t testing.TB, content []byte) (*blobServer, *httptest.Server)
 }
 
 func (b *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if b.repo != "" && !strings.HasPrefix(r.URL.Path, "/v2/"+b.repo+"/") {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown to registry"}]}`)
+		return
+	}
 	n := b.requests.Add(1)
 	if b.failAfter > 0 && n > b.failAfter {
 		http.Error(w, "broken", http.StatusInternalServerError)
@@ -349,7 +356,7 @@ func TestDownloadOutlivesClient(t *testing.T) {
 	if _, err := io.ReadFull(resp.Body, make([]byte, 100<<10)); err != nil {
 		t.Fatal(err)
 	}
-	p := e.srv.downloads.lookup(b.digest)
+	p, _ := e.srv.downloads.lookup(route{up: e.srv.upstreams[upstreamName], repo: "test/app"}, b.digest)
 	resp.Body.Close() // hang up mid-blob
 	if p == nil {
 		t.Fatal("no download in flight while the upstream is held")

@@ -50,6 +50,10 @@ type downloads struct {
 }
 
 type download struct {
+	// The upstream and repository it was started for: the blob is known
+	// to be there once the upstream starts sending it.
+	upstream, repo string
+
 	ready    chan struct{} // closed once partial or err is set
 	finished chan struct{} // closed once the download has left the table
 	partial  *storage.Partial
@@ -61,41 +65,57 @@ func newDownloads(s *Server, timeout time.Duration) *downloads {
 }
 
 // join returns the download of d, starting it from rt's upstream if none is
-// running. It returns errStored if d was committed meanwhile.
-func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (inflight, error) {
+// running, and whether it is rt's own: started for rt's upstream and
+// repository. A download started for another is joined only if d is known
+// to be in rt's repository too (see inRepository). It returns errStored if
+// d was committed meanwhile.
+func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (inflight, bool, error) {
 	for {
 		t.mu.Lock()
 		dl, running := t.m[d]
 		if !running {
-			dl = &download{ready: make(chan struct{}), finished: make(chan struct{})}
+			dl = newDownload(rt)
 			t.m[d] = dl
 		}
 		t.mu.Unlock()
 		if !running {
 			if err := t.start(ctx, rt, d, dl); err != nil {
-				return nil, err
+				return nil, false, err
 			}
-			return dl.partial, nil
+			return dl.partial, true, nil
+		}
+		own := dl.owned(rt)
+		if err := t.srv.ownOrInRepository(ctx, rt, d, own); err != nil {
+			return nil, false, err
 		}
 		select {
 		case <-dl.ready:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		}
 		if dl.err != nil {
-			return nil, dl.err
+			return nil, false, dl.err
 		}
 		if dl.partial.Err() == nil {
-			return dl.partial, nil
+			return dl.partial, own, nil
 		}
 		// It failed and is on its way out: wait, then start afresh (from
 		// the bytes it kept).
 		select {
 		case <-dl.finished:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		}
 	}
+}
+
+func newDownload(rt route) *download {
+	return &download{upstream: rt.up.Name(), repo: rt.repo, ready: make(chan struct{}), finished: make(chan struct{})}
+}
+
+// owned reports whether the download was started for rt's upstream and repository.
+func (dl *download) owned(rt route) bool {
+	return dl.upstream == rt.up.Name() && dl.repo == rt.repo
 }
 
 // start opens the partial download of d claimed by dl and runs it.
@@ -168,6 +188,7 @@ func (t *downloads) run(rt route, dl *download) {
 		log.Warn("blob download failed", attrs...)
 		return
 	}
+	t.srv.addMember(ctx, rt, d)
 	t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "committed").Inc()
 	log.Info("blob download committed", "bytes", p.Size(), "duration", time.Since(start).Round(time.Millisecond))
 }
@@ -179,7 +200,7 @@ func (t *downloads) restart(rt route, d digest.Digest) {
 		t.mu.Unlock()
 		return
 	}
-	dl := &download{ready: make(chan struct{}), finished: make(chan struct{})}
+	dl := newDownload(rt)
 	t.m[d] = dl
 	t.mu.Unlock()
 	if err := t.start(t.srv.ctx, rt, d, dl); err != nil && !errors.Is(err, errStored) {
@@ -196,22 +217,23 @@ func (t *downloads) remove(d digest.Digest, dl *download) {
 	close(dl.finished)
 }
 
-// lookup returns the running download of d, if any, without starting one.
-func (t *downloads) lookup(d digest.Digest) inflight {
+// lookup returns the running download of d, if any, without starting one,
+// and whether it is rt's own (see join).
+func (t *downloads) lookup(rt route, d digest.Digest) (inflight, bool) {
 	t.mu.Lock()
 	dl := t.m[d]
 	t.mu.Unlock()
 	if dl == nil {
-		return nil
+		return nil, false
 	}
 	select {
 	case <-dl.ready:
 		if dl.partial != nil { // not a typed nil in the interface
-			return dl.partial
+			return dl.partial, dl.owned(rt)
 		}
 	default:
 	}
-	return nil
+	return nil, false
 }
 
 // keepPartial tells whether the bytes of a failed download are worth keeping

@@ -113,7 +113,13 @@ type env struct {
 // upstream named upstreamName, and a proxy for it with opts added.
 func newEnv(t testing.TB, opts ...Option) *env {
 	t.Helper()
-	c := &counter{next: registry.New(registry.Logger(log.New(io.Discard, "", 0))), counts: map[string]int{}}
+	return newEnvRegistry(t, registry.New(registry.Logger(log.New(io.Discard, "", 0))), opts...)
+}
+
+// newEnvRegistry is newEnv with the given registry handler as the upstream.
+func newEnvRegistry(t testing.TB, reg http.Handler, opts ...Option) *env {
+	t.Helper()
+	c := &counter{next: reg, counts: map[string]int{}}
 	e := &env{t: t, counter: c, dir: t.TempDir()}
 	e.upstream = httptest.NewServer(c)
 	t.Cleanup(e.upstream.Close)
@@ -200,14 +206,26 @@ func (e *env) push(repo, tag string, layerSize int64, layers int64) v1.Image {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ref, err := name.ParseReference(strings.TrimPrefix(e.upstream.URL, "http://")+"/"+repo+":"+tag, name.Insecure)
+	e.write(repo, tag, img)
+	return img
+}
+
+// write writes img to the upstream as repo:tag.
+func (e *env) write(repo, tag string, img v1.Image) {
+	e.t.Helper()
+	if err := remote.Write(e.ref(repo+":"+tag), img); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// ref parses a reference to the upstream's repo:tag or repo@digest.
+func (e *env) ref(s string) name.Reference {
+	e.t.Helper()
+	ref, err := name.ParseReference(strings.TrimPrefix(e.upstream.URL, "http://")+"/"+s, name.Insecure)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if err := remote.Write(ref, img); err != nil {
-		e.t.Fatal(err)
-	}
-	return img
+	return ref
 }
 
 // get sends a request to the proxy and returns the response with its body read.

@@ -44,6 +44,10 @@ func toOCI(err error, kind string) *ociError {
 		unknown = "MANIFEST_UNKNOWN"
 	case kindTags:
 		unknown = "NAME_UNKNOWN"
+	case kindReferrers:
+		// A 404 from the referrers API tells clients it has none, to use
+		// the tag schema instead.
+		unknown = "UNSUPPORTED"
 	}
 	e := &ociError{message: err.Error()}
 	var ue *upstream.Error
@@ -52,7 +56,7 @@ func toOCI(err error, kind string) *ociError {
 		e.status, e.code = http.StatusNotFound, unknown
 	case errors.Is(err, upstream.ErrNotFound):
 		e.status, e.code = http.StatusNotFound, unknown
-		if errors.As(err, &ue) && ue.Code == "NAME_UNKNOWN" {
+		if errors.As(err, &ue) && (ue.Code == "NAME_UNKNOWN" || kind == kindReferrers && ue.Code != "") {
 			e.code = ue.Code
 		}
 	case errors.Is(err, upstream.ErrUnauthorized):

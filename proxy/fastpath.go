@@ -303,6 +303,9 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	}
 	start := time.Now()
 	d := digest.Digest(rt.ref)
+	if known, _ := s.members.IsMember(s.ctx, rt.up.Name(), rt.repo, d); !known {
+		return false // net/http asks the upstream whether it is there
+	}
 	fd, size, err := f.blobs.OpenBlobFD(s.ctx, d)
 	if err != nil {
 		return false // net/http fetches it, or says why it cannot be read

@@ -42,13 +42,16 @@ func (s *Server) serveManifest(w http.ResponseWriter, r *http.Request, rt route)
 	ctx := r.Context()
 	accept := parseAccept(r.Header.Values("Accept"))
 	var desc upstream.Descriptor
+	byDigest := false
 	if d, err := digest.Parse(rt.ref); err == nil {
-		desc.Digest = d
+		desc.Digest, byDigest = d, true
 	} else if desc, err = s.resolveTag(ctx, rt, accept); err != nil {
 		s.fail(w, r, rt, err)
 		return
 	}
-	body, mediaType, err := s.manifestContent(ctx, rt, desc.Digest, accept)
+	// A tag of rt's repository names a digest of it; a digest asked for
+	// by itself may be stored from another repository.
+	body, mediaType, err := s.manifestContent(ctx, rt, desc.Digest, byDigest)
 	if err != nil {
 		s.fail(w, r, rt, err)
 		return
@@ -113,7 +116,7 @@ func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (ups
 		s.notFound.put(key, err)
 	}
 	if cached && !errors.Is(err, upstream.ErrNotFound) && ctx.Err() == nil {
-		s.metrics.staleTags.WithLabelValues(name).Inc()
+		s.metrics.stale.WithLabelValues(name, "tag").Inc()
 		s.log.Warn("upstream failed to revalidate tag: serving the cached digest",
 			"upstream", name, "repo", rt.repo, "tag", rt.ref, "digest", rec.Digest,
 			"age", time.Since(rec.CheckedAt).Round(time.Second), "err", err)
@@ -127,6 +130,7 @@ func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (ups
 func (s *Server) lookupTag(ctx context.Context, rt route, accept []string) (upstream.Descriptor, error) {
 	desc, err := rt.up.HeadManifest(ctx, rt.repo, rt.ref, accept)
 	if err == nil && desc.Digest != "" && isManifestType(desc.MediaType) {
+		s.addMember(ctx, rt, desc.Digest)
 		return desc, nil
 	}
 	if err != nil && !errors.Is(err, upstream.ErrInvalid) {
@@ -143,9 +147,15 @@ func (s *Server) lookupTag(ctx context.Context, rt route, accept []string) (upst
 }
 
 // manifestContent returns a manifest by digest, from the store or else from
-// upstream (verified against the digest, then stored).
-func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest, accept []string) ([]byte, string, error) {
+// upstream (verified against the digest, then stored). check says whether a
+// stored manifest is to be checked as being in rt's repository.
+func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest, check bool) ([]byte, string, error) {
 	if body, err := s.manifests.ReadBlob(ctx, d, upstream.MaxManifestSize); err == nil {
+		if check {
+			if err := s.inRepository(ctx, rt, kindManifest, d); err != nil {
+				return nil, "", err
+			}
+		}
 		mediaType := ""
 		if rec, err := s.manifests.Blob(ctx, d); err == nil {
 			mediaType = rec.MediaType
@@ -165,7 +175,8 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 	if err, ok := s.notFound.get(key); ok {
 		return nil, "", err
 	}
-	v, err, _ := s.shared(ctx, "manifest "+d.String(), func(ctx context.Context) (any, error) {
+	// Per repository: one repository's answer says nothing of another's.
+	v, err, _ := s.shared(ctx, key, func(ctx context.Context) (any, error) {
 		// By digest the content is fixed whatever the Accept header says;
 		// asking for every type keeps registries from converting it.
 		desc, body, err := rt.up.GetManifest(ctx, rt.repo, d.String(), allManifestTypes)
@@ -201,6 +212,7 @@ func (s *Server) putManifest(ctx context.Context, rt route, desc upstream.Descri
 	if err := s.manifests.SetDeclaredSizes(ctx, rt.up.Name(), rt.repo, declaredSizes(body)); err != nil {
 		s.log.Warn("recording the sizes a manifest declares", "digest", desc.Digest, "err", err)
 	}
+	s.addMember(ctx, rt, desc.Digest)
 	return s.manifests.SetMediaType(ctx, desc.Digest, desc.MediaType)
 }
 

@@ -16,7 +16,7 @@ type metrics struct {
 	// HEADs with the usual statuses, each looked up on its first use:
 	// WithLabelValues hashes its labels on every call.
 	common       [2][2][len(commonStatuses)]atomic.Pointer[prometheus.Counter]
-	staleTags    *prometheus.CounterVec
+	stale        *prometheus.CounterVec
 	fetches      *prometheus.CounterVec
 	connsRefused *prometheus.CounterVec
 }
@@ -31,10 +31,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "pullproxy_blob_served_bytes_total",
 			Help: "Blob bytes sent to clients, by source: cache (a stored blob) or download (one in flight).",
 		}, []string{"source"}),
-		staleTags: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pullproxy_tag_stale_served_total",
-			Help: "Tags answered from a cached digest because revalidating it upstream failed.",
-		}, []string{"upstream"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pullproxy_stale_served_total",
+			Help: "Answers served from the cache because revalidating them upstream failed, by upstream and kind (tag, tag_list, referrers).",
+		}, []string{"upstream", "kind"}),
 		fetches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pullproxy_blob_fetches_total",
 			Help: "Upstream blob downloads finished, by upstream and result (committed, failed).",
@@ -48,7 +48,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		"cache":    m.servedBytes.WithLabelValues("cache"),
 		"download": m.servedBytes.WithLabelValues("download"),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.servedBytes, m.staleTags, m.fetches, m.connsRefused} {
+	for _, c := range []prometheus.Collector{m.requests, m.servedBytes, m.stale, m.fetches, m.connsRefused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

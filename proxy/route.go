@@ -14,17 +14,18 @@ import (
 
 // Kinds of registry API request a route can carry.
 const (
-	kindManifest = "manifests"
-	kindBlob     = "blobs"
-	kindTags     = "tags" // the tag list: /v2/<name>/tags/list
+	kindManifest  = "manifests"
+	kindBlob      = "blobs"
+	kindTags      = "tags" // the tag list: /v2/<name>/tags/list
+	kindReferrers = "referrers"
 )
 
 // route is a registry API request resolved to the upstream that serves it.
 type route struct {
 	up   Upstream
 	repo string // repository name at the upstream, normalized
-	kind string // kindManifest or kindBlob
-	ref  string // tag or digest
+	kind string // kindManifest, kindBlob, kindTags or kindReferrers
+	ref  string // tag or digest; the subject's digest for kindReferrers
 }
 
 // tagPattern is the distribution spec's tag grammar.
@@ -50,7 +51,7 @@ func parsePath(path string) (name, kind, ref string, ok bool) {
 	name, kind = rest[:j], rest[j+1:i]
 	switch {
 	case kind == kindTags && ref == "list":
-	case (kind != kindManifest && kind != kindBlob) || ref == "":
+	case (kind != kindManifest && kind != kindBlob && kind != kindReferrers) || ref == "":
 		return "", "", "", false
 	}
 	return name, kind, ref, true
@@ -91,7 +92,7 @@ func (s *Server) resolve(method, urlPath, ns string) (route, error) {
 	}
 	switch {
 	case kind == kindTags:
-	case kind == kindBlob || strings.Contains(ref, ":"):
+	case kind == kindBlob || kind == kindReferrers || strings.Contains(ref, ":"):
 		if isSHA256(ref) {
 			break
 		}

@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,6 +37,10 @@ type Upstream interface {
 	// ListTags returns a page of repo's tags: n (0: the upstream's
 	// choice) after last.
 	ListTags(ctx context.Context, repo string, n int, last string) (upstream.TagPage, error)
+	// Referrers lists the descriptors of the manifests in repo whose
+	// subject is the digest; ErrNotFound when the upstream has no
+	// referrers API.
+	Referrers(ctx context.Context, repo string, subject digest.Digest) ([]json.RawMessage, error)
 	// FetchBlob writes a blob into w and returns the endpoint that served it.
 	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (string, error)
 	// ReportCorrupt says that the blob an endpoint served failed verification.
@@ -75,6 +80,15 @@ type TagStore interface {
 	PutTagList(ctx context.Context, upstream, repo, query string, rec storage.TagListRecord) error
 	// Repositories lists the repositories known, as "<upstream>/<repo>", sorted.
 	Repositories(ctx context.Context) ([]string, error)
+	Referrers(ctx context.Context, upstream, repo string, subject digest.Digest) (storage.ReferrersRecord, error)
+	PutReferrers(ctx context.Context, upstream, repo string, subject digest.Digest, rec storage.ReferrersRecord) error
+}
+
+// MemberStore keeps which repositories of which upstreams each digest is
+// known to belong to: content is stored once, but served only under those.
+type MemberStore interface {
+	IsMember(ctx context.Context, upstream, repo string, d digest.Digest) (bool, error)
+	AddMembers(ctx context.Context, upstream, repo string, ds ...digest.Digest) error
 }
 
 // Store is where content is kept. *storage.Store implements it.
@@ -82,6 +96,7 @@ type Store interface {
 	BlobStore
 	ManifestStore
 	TagStore
+	MemberStore
 }
 
 var _ Store = (*storage.Store)(nil)
@@ -92,6 +107,7 @@ type Server struct {
 	blobs           BlobStore
 	manifests       ManifestStore
 	tags            TagStore
+	members         MemberStore
 	upstreams       map[string]Upstream
 	defaultUpstream Upstream
 	tagTTL          time.Duration
@@ -322,6 +338,7 @@ func New(opts ...Option) (*Server, error) {
 		blobs:       c.store,
 		manifests:   c.store,
 		tags:        c.store,
+		members:     c.store,
 		upstreams:   map[string]Upstream{},
 		tagTTL:      c.tagTTL,
 		notFound:    newNotFound(c.notFoundTTL),
@@ -465,6 +482,8 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 		s.serveBlob(w, r, rt)
 	case kindTags:
 		s.serveTags(w, r, rt)
+	case kindReferrers:
+		s.serveReferrers(w, r, rt)
 	}
 	return rw
 }

@@ -95,7 +95,7 @@ func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (sto
 		return v.(storage.TagListRecord), nil
 	}
 	if cached && !errors.Is(err, upstream.ErrNotFound) && ctx.Err() == nil {
-		s.metrics.staleTags.WithLabelValues(name).Inc()
+		s.metrics.stale.WithLabelValues(name, "tag_list").Inc()
 		s.log.Warn("upstream failed to list tags: serving the cached list", "upstream", name, "repo", rt.repo,
 			"age", time.Since(rec.CheckedAt).Round(time.Second), "err", err)
 		return rec, nil

@@ -22,12 +22,15 @@ import (
 //	taglist/<upstream>/<repo>?<query>  → TagListRecord
 //	blob/<digest>                      → BlobRecord
 //	declared/<upstream>/<repo>@<digest> → size a manifest of that repository declares
+//	member/<upstream>/<repo>@<digest>  → (empty) the digest is in that repository (members.go)
+//	referrers/<upstream>/<repo>@<digest> → ReferrersRecord
 //	partial/<digest>                   → a download's progress (checkpoint.go)
 const (
-	tagPrefix      = "tag/"
-	tagListPrefix  = "taglist/"
-	blobPrefix     = "blob/"
-	declaredPrefix = "declared/"
+	tagPrefix       = "tag/"
+	tagListPrefix   = "taglist/"
+	blobPrefix      = "blob/"
+	declaredPrefix  = "declared/"
+	referrersPrefix = "referrers/"
 )
 
 // touchInterval bounds how often serving a blob rewrites its last-access
@@ -130,6 +133,41 @@ func (s *Store) PutTagList(ctx context.Context, upstream, repo, query string, re
 	return nil
 }
 
+// ReferrersRecord is what an upstream's referrers API answered for a
+// subject: the descriptors of the manifests that refer to it, as the
+// upstream wrote them, or that it has no referrers API (clients then use
+// the tag schema), and when.
+type ReferrersRecord struct {
+	Manifests   []json.RawMessage `json:"manifests"`
+	Unsupported bool              `json:"unsupported,omitempty"`
+	// Why the upstream has none, as it said it (its error's code and message).
+	Code      string    `json:"code,omitempty"`
+	Message   string    `json:"message,omitempty"`
+	CheckedAt time.Time `json:"checkedAt"`
+}
+
+func referrersKey(upstream, repo string, subject digest.Digest) []byte {
+	return []byte(referrersPrefix + upstream + "/" + repo + "@" + subject.String())
+}
+
+// Referrers returns what upstream/repo's referrers API last answered for
+// subject, or ErrNotFound.
+func (s *Store) Referrers(ctx context.Context, upstream, repo string, subject digest.Digest) (ReferrersRecord, error) {
+	var rec ReferrersRecord
+	if err := s.get(referrersKey(upstream, repo, subject), &rec); err != nil {
+		return rec, fmt.Errorf("referrers of %s in %s/%s: %w", subject, upstream, repo, err)
+	}
+	return rec, nil
+}
+
+// PutReferrers records what upstream/repo's referrers API answered for subject.
+func (s *Store) PutReferrers(ctx context.Context, upstream, repo string, subject digest.Digest, rec ReferrersRecord) error {
+	if err := s.put(referrersKey(upstream, repo, subject), rec); err != nil {
+		return fmt.Errorf("recording the referrers of %s in %s/%s: %w", subject, upstream, repo, err)
+	}
+	return nil
+}
+
 // Blob returns the record of a stored blob, or ErrNotFound.
 func (s *Store) Blob(ctx context.Context, d digest.Digest) (BlobRecord, error) {
 	var rec BlobRecord
@@ -169,6 +207,9 @@ func (s *Store) SetDeclaredSizes(ctx context.Context, upstream, repo string, siz
 	})
 	if err != nil {
 		return fmt.Errorf("recording declared sizes: %w", err)
+	}
+	for d := range sizes {
+		s.members.add(upstream, repo, d)
 	}
 	return nil
 }
@@ -299,11 +340,12 @@ func (l badgerLogger) logf(level slog.Level, f string, a []any) {
 
 // Repositories returns the repositories the store knows, as
 // "<upstream>/<repo>", sorted: those with a tag resolved, a tag list, or
-// a manifest whose sizes were recorded (pulled by digest).
+// a manifest whose sizes were recorded (pulled by digest), content
+// recorded as theirs.
 func (s *Store) Repositories(ctx context.Context) ([]string, error) {
 	seen := map[string]bool{}
 	err := s.db.View(func(txn *badger.Txn) error {
-		for _, p := range []struct{ prefix, sep string }{{tagPrefix, ":"}, {tagListPrefix, "?"}, {declaredPrefix, "@"}} {
+		for _, p := range []struct{ prefix, sep string }{{tagPrefix, ":"}, {tagListPrefix, "?"}, {declaredPrefix, "@"}, {memberPrefix, "@"}} {
 			it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(p.prefix)})
 			for it.Rewind(); it.Valid(); it.Next() {
 				if err := ctx.Err(); err != nil {

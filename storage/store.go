@@ -47,6 +47,7 @@ type Store struct {
 
 	sizes   sync.Map     // digest.Digest → int64: committed sizes read so far, -1 for none recorded (see recordedSize)
 	damaged atomic.Int64 // blobs found damaged and quarantined
+	members memberCache  // which repositories digests belong to, as found so far (see IsMember)
 
 	space    func(path string) (free, total int64, err error) // diskSpace; tests replace it
 	spaceMu  sync.Mutex

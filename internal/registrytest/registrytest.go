@@ -210,6 +210,30 @@ func Start(ctx context.Context, dir string, opts ...Option) (*Registry, error) {
 	return r, nil
 }
 
+// NewHandler returns distribution's registry as an http.Handler storing
+// under dir, for a test to serve itself (as the upstream of an
+// httptest.Server, say). Errors, if any, go to logOutput (nil: nowhere).
+func NewHandler(ctx context.Context, dir string, logOutput io.Writer) (http.Handler, error) {
+	logger := logrus.New()
+	logger.SetLevel(logrus.ErrorLevel)
+	if logOutput != nil {
+		logger.SetOutput(logOutput)
+	} else {
+		logger.SetOutput(io.Discard)
+		logger.SetLevel(logrus.PanicLevel)
+	}
+	entry := logrus.NewEntry(logger)
+	cfg, err := newConfig(dir, "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	app, err := newApp(&loggerContext{Context: context.WithoutCancel(ctx), logger: entry}, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &injectLogger{next: app, logger: entry}, nil
+}
+
 // newApp calls handlers.NewApp, which reports configuration problems by
 // panicking.
 func newApp(ctx context.Context, cfg *configuration.Configuration) (app *handlers.App, err error) {
