@@ -52,10 +52,18 @@ bench-deps:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx wrk curl
 
-## deps: install what the end-to-end tests drive (Debian; as root)
+## deps: install what the end-to-end tests drive (Debian and the Go module proxy; as root)
+# The registry clients the read-API tests list and discover with, and the OCI
+# distribution-spec conformance suite, at pinned versions, into TOOLBIN.
+TOOLBIN ?= /usr/local/bin
+CONFORMANCE := github.com/opencontainers/distribution-spec/conformance@v0.0.0-20260831232431-97274622c111
 deps:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo
+	GOBIN=$(TOOLBIN) $(GO) install github.com/google/go-containerregistry/cmd/crane@v0.22.1
+	GOBIN=$(TOOLBIN) $(GO) install oras.land/oras/cmd/oras@v1.3.6
+	GOBIN=$(TOOLBIN) $(GO) install github.com/regclient/regclient/cmd/regctl@v0.11.7
+	tmp=$$(mktemp -d) && GOBIN=$$tmp $(GO) install $(CONFORMANCE) && mv $$tmp/conformance $(TOOLBIN)/oci-conformance && rmdir $$tmp
 
 clean:
 	rm -rf bin

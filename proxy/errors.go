@@ -45,9 +45,7 @@ func toOCI(err error, kind string) *ociError {
 	case kindTags:
 		unknown = "NAME_UNKNOWN"
 	case kindReferrers:
-		// A 404 from the referrers API tells clients it has none, to use
-		// the tag schema instead.
-		unknown = "UNSUPPORTED"
+		unknown = "NAME_UNKNOWN" // the one 404 it passes on
 	}
 	e := &ociError{message: err.Error()}
 	var ue *upstream.Error
@@ -56,7 +54,7 @@ func toOCI(err error, kind string) *ociError {
 		e.status, e.code = http.StatusNotFound, unknown
 	case errors.Is(err, upstream.ErrNotFound):
 		e.status, e.code = http.StatusNotFound, unknown
-		if errors.As(err, &ue) && (ue.Code == "NAME_UNKNOWN" || kind == kindReferrers && ue.Code != "") {
+		if errors.As(err, &ue) && ue.Code == "NAME_UNKNOWN" {
 			e.code = ue.Code
 		}
 	case errors.Is(err, upstream.ErrUnauthorized):

@@ -21,24 +21,18 @@ import (
 // repository and subject, like a tag: served from the store while younger
 // than the tag TTL, served stale (and counted) when the upstream cannot
 // answer. It is kept whole and filtered here, so that every artifactType
-// a client asks for is answered from one upstream request. An upstream
-// without the referrers API answers 404, and so does pullproxy: clients
-// then fall back to the subject's tag-schema tag (sha256-<hex>), which is
-// served like any tag.
+// a client asks for is answered from one upstream request.
+//
+// For an upstream without the referrers API, pullproxy answers from the
+// subject's tag-schema index (tag sha256-<hex>), where clients that find
+// no referrers API put the referrers they push: what a client would find
+// by falling back itself, and pullproxy's clients see one API whatever
+// the upstream.
 func (s *Server) serveReferrers(w http.ResponseWriter, r *http.Request, rt route) {
 	subject := digest.Digest(rt.ref) // validated by resolve
 	rec, err := s.referrers(r.Context(), rt, subject)
 	if err != nil {
 		s.fail(w, r, rt, err)
-		return
-	}
-	if rec.Unsupported {
-		code := rec.Code
-		if code == "" {
-			code = "UNSUPPORTED"
-		}
-		writeError(w, r, &ociError{status: http.StatusNotFound, code: code,
-			message: rt.up.Name() + " has no referrers API (" + rec.Message + "): use the tag schema"})
 		return
 	}
 	manifests := rec.Manifests
@@ -84,23 +78,21 @@ func (s *Server) referrers(ctx context.Context, rt route, subject digest.Digest)
 		rec := storage.ReferrersRecord{CheckedAt: time.Now()}
 		manifests, err := rt.up.Referrers(ctx, rt.repo, subject)
 		var ue *upstream.Error
-		switch {
-		case err == nil:
-			rec.Manifests = manifests
-			// The upstream lists them in this repository: clients fetch
-			// them next, by digest, under this name.
-			if ds := referrerDigests(manifests); len(ds) > 0 {
-				if err := s.members.AddMembers(ctx, name, rt.repo, ds...); err != nil {
-					s.log.Warn("recording referrers as the repository's", "upstream", name, "repo", rt.repo, "err", err)
-				}
-			}
-		case errors.Is(err, upstream.ErrNotFound) && errors.As(err, &ue) && ue.Code != "NAME_UNKNOWN":
-			// No referrers API: kept too, so that clients offline still
-			// learn to use the tag schema. An unknown repository is not
-			// kept: it may yet be pushed.
-			rec.Unsupported, rec.Code, rec.Message = true, ue.Code, ue.Message
-		default:
+		if errors.Is(err, upstream.ErrNotFound) && !(errors.As(err, &ue) && ue.Code == "NAME_UNKNOWN") {
+			// No referrers API there (an unknown repository is its own 404).
+			rec.TagSchema = true
+			manifests, err = s.tagSchemaReferrers(ctx, rt, subject)
+		}
+		if err != nil {
 			return nil, err
+		}
+		rec.Manifests = manifests
+		// The upstream lists them in this repository: clients fetch them
+		// next, by digest, under this name.
+		if ds := referrerDigests(manifests); len(ds) > 0 {
+			if err := s.members.AddMembers(ctx, name, rt.repo, ds...); err != nil {
+				s.log.Warn("recording referrers as the repository's", "upstream", name, "repo", rt.repo, "err", err)
+			}
 		}
 		if err := s.tags.PutReferrers(ctx, name, rt.repo, subject, rec); err != nil {
 			s.log.Warn("caching referrers", "upstream", name, "repo", rt.repo, "subject", subject, "err", err)
@@ -117,6 +109,30 @@ func (s *Server) referrers(ctx context.Context, rt route, subject digest.Digest)
 		return rec, nil
 	}
 	return storage.ReferrersRecord{}, err
+}
+
+// tagSchemaReferrers reads subject's referrers from its tag-schema index
+// upstream: the image index tagged <alg>-<encoded> (each truncated as the
+// distribution spec says). No such tag: no referrers.
+func (s *Server) tagSchemaReferrers(ctx context.Context, rt route, subject digest.Digest) ([]json.RawMessage, error) {
+	alg, enc := string(subject.Algorithm()), subject.Encoded()
+	tag := alg[:min(len(alg), 32)] + "-" + enc[:min(len(enc), 64)]
+	_, body, err := rt.up.GetManifest(ctx, rt.repo, tag, []string{ocispec.MediaTypeImageIndex})
+	var ue *upstream.Error
+	if errors.Is(err, upstream.ErrNotFound) && !(errors.As(err, &ue) && ue.Code == "NAME_UNKNOWN") {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var index struct {
+		Manifests []json.RawMessage `json:"manifests"`
+	}
+	if err := json.Unmarshal(body, &index); err != nil {
+		return nil, &upstream.Error{Upstream: rt.up.Name(), Op: "GET /v2/" + rt.repo + "/manifests/" + tag,
+			Status: http.StatusOK, Kind: upstream.ErrInvalid, Message: "the tag-schema index of " + subject.String() + " is not an image index: " + err.Error()}
+	}
+	return index.Manifests, nil
 }
 
 // filterArtifactType keeps the descriptors whose artifactType is want.

@@ -162,10 +162,12 @@ func TestReferrers(t *testing.T) {
 	}
 }
 
-// TestReferrersUnsupported: in front of an upstream without the referrers
-// API, pullproxy answers 404 as it does, offline too, and clients find
-// referrers through the tag schema's tag (sha256-<hex>), a tag like any.
-func TestReferrersUnsupported(t *testing.T) {
+// TestReferrersFromTagSchema: in front of an upstream without the
+// referrers API, pullproxy answers from the subject's tag-schema index
+// (sha256-<hex>), where clients put referrers for such registries, online
+// and offline; a subject without one has no referrers. The tag itself is
+// served as any tag, for clients that fall back on their own.
+func TestReferrersFromTagSchema(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t) // go-containerregistry's registry, referrers API off
 	img := e.push("test/app", "v1", 100, 1)
@@ -173,8 +175,6 @@ func TestReferrersUnsupported(t *testing.T) {
 	n, _ := img.Size()
 	subject := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageManifest, Digest: digest.Digest(d.String()), Size: n}
 	sig := e.pushArtifact("test/app", subject, "application/vnd.example.signature", "signed")
-	// What a client that finds no referrers API pushes: an index of the
-	// referrers under the subject's tag-schema tag.
 	idx, _ := json.Marshal(ocispec.Index{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageIndex, Manifests: []ocispec.Descriptor{sig}})
 	schemaTag := strings.Replace(subject.Digest.String(), ":", "-", 1)
 	if err := remote.Put(e.ref("test/app:"+schemaTag), rawManifest{idx, types.OCIImageIndex}); err != nil {
@@ -188,12 +188,21 @@ func TestReferrersUnsupported(t *testing.T) {
 			e.stop()
 			e.start(e.upstream.URL, WithTagTTL(0))
 		}
-		if resp, body := e.get("GET", path, nil); resp.StatusCode != http.StatusNotFound {
-			t.Errorf("down=%v: referrers: %d %s, want 404", down, resp.StatusCode, body)
+		resp, got := e.referrers(path + "&artifactType=" + sig.ArtifactType)
+		if resp.StatusCode != 200 || len(got.Manifests) != 1 || got.Manifests[0].Digest != sig.Digest {
+			t.Errorf("down=%v: referrers: %d %+v, want the signature", down, resp.StatusCode, got)
 		}
 		resp, body := e.get("GET", "/v2/test/app/manifests/"+schemaTag+ns, nil)
 		if resp.StatusCode != 200 || !strings.Contains(string(body), sig.Digest.String()) {
 			t.Errorf("down=%v: the tag-schema index: %d %s", down, resp.StatusCode, body)
 		}
+	}
+	e.counter.down.Store(false)
+	if resp, got := e.referrers("/v2/test/app/referrers/" + sig.Digest.String() + ns); resp.StatusCode != 200 || len(got.Manifests) != 0 {
+		t.Errorf("a subject without a tag-schema index: %d %+v, want 200 and none", resp.StatusCode, got)
+	}
+	if resp, body := e.get("GET", "/v2/test/nope/referrers/"+sig.Digest.String()+ns, nil); resp.StatusCode != 404 ||
+		!strings.Contains(string(body), "NAME_UNKNOWN") {
+		t.Errorf("an unknown repository: %d %s, want 404 NAME_UNKNOWN", resp.StatusCode, body)
 	}
 }

@@ -39,7 +39,7 @@ type Upstream interface {
 	ListTags(ctx context.Context, repo string, n int, last string) (upstream.TagPage, error)
 	// Referrers lists the descriptors of the manifests in repo whose
 	// subject is the digest; ErrNotFound when the upstream has no
-	// referrers API.
+	// referrers API (or no such repository).
 	Referrers(ctx context.Context, repo string, subject digest.Digest) ([]json.RawMessage, error)
 	// FetchBlob writes a blob into w and returns the endpoint that served it.
 	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (string, error)

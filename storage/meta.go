@@ -133,17 +133,14 @@ func (s *Store) PutTagList(ctx context.Context, upstream, repo, query string, re
 	return nil
 }
 
-// ReferrersRecord is what an upstream's referrers API answered for a
-// subject: the descriptors of the manifests that refer to it, as the
-// upstream wrote them, or that it has no referrers API (clients then use
-// the tag schema), and when.
+// ReferrersRecord is the referrers of a subject as an upstream gave them:
+// the descriptors of the manifests that refer to it, as the upstream wrote
+// them, from its referrers API or, for an upstream without one, from the
+// subject's tag-schema index; and when.
 type ReferrersRecord struct {
-	Manifests   []json.RawMessage `json:"manifests"`
-	Unsupported bool              `json:"unsupported,omitempty"`
-	// Why the upstream has none, as it said it (its error's code and message).
-	Code      string    `json:"code,omitempty"`
-	Message   string    `json:"message,omitempty"`
-	CheckedAt time.Time `json:"checkedAt"`
+	Manifests []json.RawMessage `json:"manifests"`
+	TagSchema bool              `json:"tagSchema,omitempty"` // read from the tag-schema index
+	CheckedAt time.Time         `json:"checkedAt"`
 }
 
 func referrersKey(upstream, repo string, subject digest.Digest) []byte {
