@@ -41,7 +41,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 				s.fail(w, r, rt, err)
 				return
 			}
-			setSource(w, "cache")
+			setSource(w, sourceCache)
 			tw, sent := s.timed(w)
 			if conditional(r.Header) {
 				serveStoredPart(tw, r, f, size, vals[1])
@@ -75,7 +75,7 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 			s.fail(w, r, rt, err)
 			return
 		}
-		setSource(w, "download")
+		setSource(w, sourceDownload)
 		s.serveDownload(w, r, rt, p, own)
 		return
 	}
@@ -251,7 +251,24 @@ func copyAvailable(ctx context.Context, w io.Writer, f *os.File, p inflight, sta
 	return nil
 }
 
+// Where an answer came from, as the Pullproxy-Source header says it: the
+// store, a download in flight (its bytes as they land), or the upstream
+// just now (a manifest, tag list or referrers fetched for this request).
+// A benchmark of a warm cache can check it is one.
+const (
+	sourceCache    = "cache"
+	sourceDownload = "download"
+	sourceUpstream = "upstream"
+)
+
+var sourceValues = map[string][]string{
+	sourceCache: {sourceCache}, sourceDownload: {sourceDownload}, sourceUpstream: {sourceUpstream},
+}
+
+// setSource says where the answer came from, in its header and to the
+// request's metrics.
 func setSource(w http.ResponseWriter, source string) {
+	w.Header()["Pullproxy-Source"] = sourceValues[source]
 	if rw, ok := w.(*responseRecorder); ok {
 		rw.source = source
 	}

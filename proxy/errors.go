@@ -110,6 +110,7 @@ func writeError(w http.ResponseWriter, r *http.Request, e *ociError) {
 	h.Del("Etag")
 	h.Del("Accept-Ranges")
 	h.Del("Cache-Control") // an error is no answer to keep
+	h.Del("Pullproxy-Source")
 	if e.retryAfter > 0 {
 		h.Set("Retry-After", strconv.FormatInt(int64((e.retryAfter+time.Second-1)/time.Second), 10))
 	}

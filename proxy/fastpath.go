@@ -348,7 +348,7 @@ func appendBlobHeader(b []byte, d digest.Digest, size int64, date []byte) []byte
 	b = append(b, d...)
 	b = append(b, "\r\nDocker-Distribution-API-Version: registry/2.0\r\nEtag: \""...)
 	b = append(b, d...)
-	b = append(b, "\"\r\nDate: "...)
+	b = append(b, "\"\r\nPullproxy-Source: cache\r\nDate: "...)
 	b = append(b, date...)
 	return append(b, "\r\n\r\n"...)
 }

@@ -51,11 +51,12 @@ func (s *Server) serveManifest(w http.ResponseWriter, r *http.Request, rt route)
 	}
 	// A tag of rt's repository names a digest of it; a digest asked for
 	// by itself may be stored from another repository.
-	body, mediaType, err := s.manifestContent(ctx, rt, desc.Digest, byDigest)
+	body, mediaType, source, err := s.manifestContent(ctx, rt, desc.Digest, byDigest)
 	if err != nil {
 		s.fail(w, r, rt, err)
 		return
 	}
+	setSource(w, source)
 	if desc.MediaType != "" {
 		mediaType = desc.MediaType
 	}
@@ -149,11 +150,11 @@ func (s *Server) lookupTag(ctx context.Context, rt route, accept []string) (upst
 // manifestContent returns a manifest by digest, from the store or else from
 // upstream (verified against the digest, then stored). check says whether a
 // stored manifest is to be checked as being in rt's repository.
-func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest, check bool) ([]byte, string, error) {
+func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest, check bool) (body []byte, mediaType, source string, err error) {
 	if body, err := s.manifests.ReadBlob(ctx, d, upstream.MaxManifestSize); err == nil {
 		if check {
 			if err := s.inRepository(ctx, rt, kindManifest, d); err != nil {
-				return nil, "", err
+				return nil, "", "", err
 			}
 		}
 		mediaType := ""
@@ -163,9 +164,9 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 		if mediaType == "" {
 			mediaType = sniffMediaType(body)
 		}
-		return body, mediaType, nil
+		return body, mediaType, sourceCache, nil
 	} else if !errors.Is(err, storage.ErrNotFound) {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	type result struct {
 		body      []byte
@@ -173,7 +174,7 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 	}
 	key := "manifest " + rt.up.Name() + "/" + rt.repo + "@" + d.String()
 	if err, ok := s.notFound.get(key); ok {
-		return nil, "", err
+		return nil, "", "", err
 	}
 	// Per repository: one repository's answer says nothing of another's.
 	v, err, _ := s.shared(ctx, key, func(ctx context.Context) (any, error) {
@@ -195,10 +196,10 @@ func (s *Server) manifestContent(ctx context.Context, rt route, d digest.Digest,
 		if errors.Is(err, upstream.ErrNotFound) {
 			s.notFound.put(key, err)
 		}
-		return nil, "", err
+		return nil, "", "", err
 	}
 	res := v.(result)
-	return res.body, res.mediaType, nil
+	return res.body, res.mediaType, sourceUpstream, nil
 }
 
 func (s *Server) putManifest(ctx context.Context, rt route, desc upstream.Descriptor, body []byte) error {

@@ -30,11 +30,12 @@ import (
 // the upstream.
 func (s *Server) serveReferrers(w http.ResponseWriter, r *http.Request, rt route) {
 	subject := digest.Digest(rt.ref) // validated by resolve
-	rec, err := s.referrers(r.Context(), rt, subject)
+	rec, source, err := s.referrers(r.Context(), rt, subject)
 	if err != nil {
 		s.fail(w, r, rt, err)
 		return
 	}
+	setSource(w, source)
 	manifests := rec.Manifests
 	h := w.Header()
 	if want := r.URL.Query().Get("artifactType"); want != "" {
@@ -64,7 +65,7 @@ func (s *Server) serveReferrers(w http.ResponseWriter, r *http.Request, rt route
 // referrers returns rt's upstream's referrers of subject, from the store
 // while fresh, else from the upstream (one request however many clients
 // ask).
-func (s *Server) referrers(ctx context.Context, rt route, subject digest.Digest) (storage.ReferrersRecord, error) {
+func (s *Server) referrers(ctx context.Context, rt route, subject digest.Digest) (storage.ReferrersRecord, string, error) {
 	name := rt.up.Name()
 	rec, err := s.tags.Referrers(ctx, name, rt.repo, subject)
 	cached := err == nil
@@ -72,7 +73,7 @@ func (s *Server) referrers(ctx context.Context, rt route, subject digest.Digest)
 		s.log.Warn("reading the referrers cache", "err", err)
 	}
 	if cached && time.Since(rec.CheckedAt) < s.tagTTL {
-		return rec, nil
+		return rec, sourceCache, nil
 	}
 	v, err, _ := s.shared(ctx, "referrers "+name+"/"+rt.repo+"@"+subject.String(), func(ctx context.Context) (any, error) {
 		rec := storage.ReferrersRecord{CheckedAt: time.Now()}
@@ -100,15 +101,15 @@ func (s *Server) referrers(ctx context.Context, rt route, subject digest.Digest)
 		return rec, nil
 	})
 	if err == nil {
-		return v.(storage.ReferrersRecord), nil
+		return v.(storage.ReferrersRecord), sourceUpstream, nil
 	}
 	if cached && !errors.Is(err, upstream.ErrNotFound) && ctx.Err() == nil {
 		s.metrics.stale.WithLabelValues(name, "referrers").Inc()
 		s.log.Warn("upstream failed to list referrers: serving the cached list", "upstream", name, "repo", rt.repo,
 			"subject", subject, "age", time.Since(rec.CheckedAt).Round(time.Second), "err", err)
-		return rec, nil
+		return rec, sourceCache, nil
 	}
-	return storage.ReferrersRecord{}, err
+	return storage.ReferrersRecord{}, "", err
 }
 
 // tagSchemaReferrers reads subject's referrers from its tag-schema index

@@ -392,7 +392,42 @@ func New(opts ...Option) (*Server, error) {
 	s.mux.HandleFunc("/v2/", s.serveRegistry)
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(c.registry, promhttp.HandlerOpts{}))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	s.mux.HandleFunc("GET /readyz", s.serveReady)
 	return s, nil
+}
+
+// readyChecker is a store that can tell whether it can serve: its files
+// writable, its metadata open. *storage.Store implements it.
+type readyChecker interface {
+	Ready(ctx context.Context) error
+}
+
+// readyTimeout bounds the readiness checks: a disk that hangs is not ready.
+const readyTimeout = 5 * time.Second
+
+// serveReady answers /readyz: 200 when the store can be written and its
+// metadata read, and the server is not shutting down; else 503 and why,
+// so that a load balancer sends clients elsewhere.
+func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	var err error
+	if closed {
+		err = errShuttingDown
+	} else if rc, ok := s.blobs.(readyChecker); ok {
+		ctx, cancel := context.WithTimeout(r.Context(), readyTimeout)
+		err = rc.Ready(ctx)
+		cancel()
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: %v\n", err)
+		return
+	}
+	w.Write([]byte("ready\n"))
 }
 
 // Close cancels the downloads in progress and waits for them to stop.
@@ -408,7 +443,7 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// ServeHTTP serves the registry API under /v2/, /metrics and /healthz.
+// ServeHTTP serves the registry API under /v2/, /metrics, /healthz and /readyz.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// A clean /v2/ path is what the mux would route to serveRegistry
 	// anyway; going there directly spares every blob request the mux's
@@ -499,7 +534,7 @@ func (s *Server) finish(r *http.Request, ns string, rw *responseRecorder, start 
 // ("" when it sent none).
 func (s *Server) count(kind, method string, status int, source string, written int64) {
 	s.metrics.request(kind, method, status).Inc()
-	if c := s.metrics.served[source]; c != nil {
+	if c := s.metrics.served[source]; c != nil && kind == kindBlob {
 		c.Add(float64(written))
 	}
 }

@@ -32,11 +32,12 @@ func (s *Server) serveTags(w http.ResponseWriter, r *http.Request, rt route) {
 		}
 	}
 	last := q.Get("last")
-	page, err := s.tagPage(r.Context(), rt, n, last)
+	page, source, err := s.tagPage(r.Context(), rt, n, last)
 	if err != nil {
 		s.fail(w, r, rt, err)
 		return
 	}
+	setSource(w, source)
 	// The name as the client asked for it (docker.io's "alpine", not
 	// "library/alpine"), its ns kept in the next page's link.
 	name := strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/v2/"), "/tags/list")
@@ -62,7 +63,7 @@ func (s *Server) serveTags(w http.ResponseWriter, r *http.Request, rt route) {
 
 // tagPage returns a page of rt's tag list, from the store while fresh,
 // else from the upstream (one request however many clients ask).
-func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (storage.TagListRecord, error) {
+func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (storage.TagListRecord, string, error) {
 	name := rt.up.Name()
 	query := url.Values{}
 	if n > 0 {
@@ -78,7 +79,7 @@ func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (sto
 		s.log.Warn("reading the tag list cache", "err", err)
 	}
 	if cached && time.Since(rec.CheckedAt) < s.tagTTL {
-		return rec, nil
+		return rec, sourceCache, nil
 	}
 	v, err, _ := s.shared(ctx, "tags "+name+"/"+rt.repo+"?"+key, func(ctx context.Context) (any, error) {
 		page, err := rt.up.ListTags(ctx, rt.repo, n, last)
@@ -92,15 +93,15 @@ func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (sto
 		return rec, nil
 	})
 	if err == nil {
-		return v.(storage.TagListRecord), nil
+		return v.(storage.TagListRecord), sourceUpstream, nil
 	}
 	if cached && !errors.Is(err, upstream.ErrNotFound) && ctx.Err() == nil {
 		s.metrics.stale.WithLabelValues(name, "tag_list").Inc()
 		s.log.Warn("upstream failed to list tags: serving the cached list", "upstream", name, "repo", rt.repo,
 			"age", time.Since(rec.CheckedAt).Round(time.Second), "err", err)
-		return rec, nil
+		return rec, sourceCache, nil
 	}
-	return storage.TagListRecord{}, err
+	return storage.TagListRecord{}, "", err
 }
 
 // maxCatalogPage bounds a catalog page when the client gives no n.

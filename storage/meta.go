@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/ristretto/v2/z"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -50,6 +53,9 @@ type BlobRecord struct {
 	Size       int64     `json:"size"`
 	MediaType  string    `json:"mediaType,omitempty"`
 	LastAccess time.Time `json:"lastAccess"`
+	// Evicting marks a blob being evicted: its file is removed, then this
+	// record (see evict.go).
+	Evicting bool `json:"evicting,omitempty"`
 }
 
 func openMeta(dir string, log *slog.Logger) (*badger.DB, error) {
@@ -67,7 +73,15 @@ func openMeta(dir string, log *slog.Logger) (*badger.DB, error) {
 		return nil, fmt.Errorf("opening metadata database %s: %w: another process holds it "+
 			"(a pullproxy serving this data dir?): stop it first, or give this one a data dir of its own", dir, ErrInUse)
 	}
+	removeEmptyMemtables(dir, log)
 	db, err := badger.Open(opts)
+	if err != nil && strings.Contains(err.Error(), z.NewFile.Error()) { // Badger formats it away
+		// An empty value log left by a kill as Badger created it: the
+		// failed Open has sized it, and a second one opens it
+		// (dgraph-io/badger#2207).
+		log.Warn("metadata database: a value log file left empty by a crash; opening again", "err", err)
+		db, err = badger.Open(opts)
+	}
 	if err != nil {
 		// Not in use, so damaged: a crash of the file system, a disk
 		// that filled up at the wrong moment, an edit. The blobs do not
@@ -77,6 +91,21 @@ func openMeta(dir string, log *slog.Logger) (*badger.DB, error) {
 			"tags are learned again from the upstreams, downloads in progress start over", dir, ErrMetadataDamaged, err, dir, dir)
 	}
 	return db, nil
+}
+
+// removeEmptyMemtables removes the empty memtable files a kill can leave
+// in dir when it lands between Badger creating one and sizing it: Badger's
+// Open refuses to start on one (dgraph-io/badger#2207), and an empty
+// memtable holds nothing.
+func removeEmptyMemtables(dir string, log *slog.Logger) {
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
+	for _, p := range paths {
+		if fi, err := os.Stat(p); err == nil && fi.Size() == 0 {
+			if err := os.Remove(p); err == nil {
+				log.Warn("metadata database: removed an empty memtable file a crash left", "file", filepath.Base(p))
+			}
+		}
+	}
 }
 
 func tagKey(upstream, repo, tag string) []byte {
@@ -242,7 +271,9 @@ func (s *Store) DeclaredSize(ctx context.Context, upstream, repo string, d diges
 func (s *Store) Touch(ctx context.Context, d digest.Digest) error {
 	now := time.Now()
 	return s.update(blobKey(d), func(rec *BlobRecord) bool {
-		if now.Sub(rec.LastAccess) < touchInterval {
+		// No record (LastAccess is set whenever one is written): the blob
+		// was evicted meanwhile, and a record alone would outlive it.
+		if rec.LastAccess.IsZero() || now.Sub(rec.LastAccess) < touchInterval {
 			return false
 		}
 		rec.LastAccess = now
@@ -253,11 +284,24 @@ func (s *Store) Touch(ctx context.Context, d digest.Digest) error {
 func (s *Store) recordBlob(ctx context.Context, d digest.Digest, size int64) error {
 	now := time.Now()
 	s.sizes.Store(d, size)
-	return s.update(blobKey(d), func(rec *BlobRecord) bool {
+	var prev int64
+	existed := false
+	err := s.update(blobKey(d), func(rec *BlobRecord) bool {
+		prev, existed = rec.Size, !rec.LastAccess.IsZero()
 		rec.Size = size
 		rec.LastAccess = now
+		rec.Evicting = false // committed again: an eviction in progress leaves it
 		return true
 	})
+	if err != nil {
+		return err
+	}
+	s.storedBytes.Add(size - prev)
+	if !existed {
+		s.storedBlobs.Add(1)
+	}
+	s.wakeEvictor()
+	return nil
 }
 
 // update applies change to the record under key in one transaction, writing

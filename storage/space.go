@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"syscall"
@@ -23,13 +24,34 @@ var ErrNoSpace = errors.New("not enough free space in the data dir")
 func spaceMargin(total int64) int64 { return min(total/20, 256<<20) }
 
 // reserve checks that p's remaining bytes, size in all, fit, and if so
-// counts p among the downloads holding a reservation.
+// counts p among the downloads holding a reservation. When they do not fit
+// on the file system or within max_size, least recently used blobs are
+// evicted to make room, and the check made again.
 func (s *Store) reserve(p *Partial, size int64) error {
+	shortfall, err := s.tryReserve(p, size)
+	if err == nil || shortfall <= 0 || (s.eviction.MaxBytes == 0 && s.eviction.MaxPercent == 0) {
+		return err
+	}
+	// Not the caller's context: an eviction round is short, and what it
+	// frees serves every download.
+	s.evictLogged(context.Background(), shortfall, "making room for a download")
+	_, err = s.tryReserve(p, size)
+	return err
+}
+
+// tryReserve is one attempt of reserve. On failure it also returns how
+// many bytes an eviction would have to free for p to fit (0: evicting
+// cannot help).
+func (s *Store) tryReserve(p *Partial, size int64) (int64, error) {
+	need := size - p.Written()
+	if max := s.eviction.MaxBytes; max > 0 && size > max {
+		return 0, fmt.Errorf("downloading %s needs %d bytes, more than the store may hold (max_size %d): %w",
+			p.digest, size, max, ErrNoSpace)
+	}
 	free, total, err := s.space(s.root)
 	if err != nil {
-		return nil // nothing to tell by: the writes will say
+		return 0, nil // nothing to tell by: the writes will say
 	}
-	need := size - p.Written()
 	s.spaceMu.Lock()
 	defer s.spaceMu.Unlock()
 	var promised int64
@@ -39,11 +61,19 @@ func (s *Store) reserve(p *Partial, size int64) error {
 		}
 	}
 	if margin := spaceMargin(total); need+promised+margin > free {
-		return fmt.Errorf("downloading %s needs %d bytes: %d are free on the data dir's file system, "+
+		return max(need+promised+margin-free, s.overBound(need+promised)), fmt.Errorf("downloading %s needs %d bytes: %d are free on the data dir's file system, "+
 			"%d promised to downloads in progress, %d kept free: %w", p.digest, need, free, promised, margin, ErrNoSpace)
 	}
+	if s.eviction.MaxBytes > 0 {
+		if over := s.overBound(need + promised); over > 0 {
+			stored := s.storedBytes.Load()
+			return over, fmt.Errorf("downloading %s needs %d bytes: the store holds %d of its max_size %d, "+
+				"%d promised to downloads in progress, and what is left is open or pinned: %w",
+				p.digest, need, stored, s.eviction.MaxBytes, promised, ErrNoSpace)
+		}
+	}
 	s.reserved[p] = struct{}{}
-	return nil
+	return 0, nil
 }
 
 // unreserve ends p's reservation, if it holds one.

@@ -49,6 +49,16 @@ type Store struct {
 	damaged atomic.Int64 // blobs found damaged and quarantined
 	members memberCache  // which repositories digests belong to, as found so far (see IsMember)
 
+	// Eviction (evict.go): the bound, the round in progress, and what the
+	// store holds, kept as records are written and deleted.
+	eviction     EvictionPolicy
+	evictMu      sync.Mutex
+	evictWake    chan struct{}
+	storedBytes  atomic.Int64
+	storedBlobs  atomic.Int64
+	evictedBlobs atomic.Int64
+	evictedBytes atomic.Int64
+
 	space    func(path string) (free, total int64, err error) // diskSpace; tests replace it
 	spaceMu  sync.Mutex
 	reserved map[*Partial]struct{} // downloads whose bytes to come are reserved (see reserve)
@@ -90,8 +100,12 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{root: dir, blobs: filepath.Join(dir, "blobs"), db: db, log: cfg.log, space: diskSpace,
-		reserved: map[*Partial]struct{}{}}
+		reserved: map[*Partial]struct{}{}, evictWake: make(chan struct{}, 1)}
 	if err := s.reconcilePartials(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := s.finishEvictions(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -318,4 +332,39 @@ func syncDir(dir string) error {
 		return fmt.Errorf("syncing %s: %w", dir, err)
 	}
 	return nil
+}
+
+// Ready reports whether the store can serve and store: the metadata
+// database open and readable, and the data dir writable (a file created,
+// synced and removed under partial/). /readyz asks it.
+func (s *Store) Ready(ctx context.Context) error {
+	if s.db.IsClosed() {
+		return errors.New("the metadata database is closed")
+	}
+	if err := s.db.View(func(*badger.Txn) error { return nil }); err != nil {
+		return fmt.Errorf("reading the metadata database: %w", err)
+	}
+	f, err := os.CreateTemp(filepath.Join(s.root, "partial"), "ready-*")
+	if err != nil {
+		return fmt.Errorf("the data dir is not writable: %w", pathless(err))
+	}
+	name := f.Name()
+	err = f.Sync()
+	f.Close()
+	os.Remove(name)
+	if err != nil {
+		return fmt.Errorf("the data dir cannot sync a file: %w", pathless(err))
+	}
+	return ctx.Err()
+}
+
+// pathless drops the file name from a file system error: the message
+// reaches whoever asks /readyz, and the data dir's layout is the
+// operator's.
+func pathless(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }

@@ -599,3 +599,27 @@ func TestOpenRemovesPartialsHonoursContext(t *testing.T) {
 		t.Errorf("partial/ after reopening: got %v, want empty", files)
 	}
 }
+
+// TestOpenAfterKillInBadgerCreate: a kill between Badger creating a
+// memtable or value log file and sizing it leaves an empty one, on which
+// Badger's Open fails; the store opens anyway, its records intact.
+func TestOpenAfterKillInBadgerCreate(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"00007.mem", "000009.vlog"} {
+		dir := t.TempDir()
+		s := openStoreAt(t, dir)
+		b := randomBytes(5, 1000)
+		d := digest.FromBytes(b)
+		if err := s.PutBlob(t.Context(), d, b); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		if err := os.WriteFile(filepath.Join(dir, "meta", name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		s = openStoreAt(t, dir)
+		if rec, err := s.Blob(t.Context(), d); err != nil || rec.Size != 1000 {
+			t.Errorf("an empty %s: the blob's record after reopening: %+v, %v", name, rec, err)
+		}
+	}
+}

@@ -39,6 +39,8 @@ type fileConfig struct {
 	BlobLoop        *bool            `yaml:"blob_loop"`
 	ScrubRate       *byteSize        `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
 	ScrubInterval   *time.Duration   `yaml:"scrub_interval"` // from one scrub pass's start to the next's
+	MaxSize         storeBound       `yaml:"max_size"`       // a size, a percentage of the file system, or off; default 85%
+	Pin             []string         `yaml:"pin"`            // images never evicted
 	Fetch           fetchConfig      `yaml:"fetch"`
 	Upstreams       []upstreamConfig `yaml:"upstreams"`
 
@@ -330,6 +332,13 @@ func (c *fileConfig) validate() error {
 	}
 	if (c.ScrubRate != nil && *c.ScrubRate < 0) || (c.ScrubInterval != nil && *c.ScrubInterval <= 0) {
 		errs = append(errs, fmt.Errorf("scrub_rate must be 0 (off) or more, and scrub_interval more than 0"))
+	}
+	for _, pin := range c.Pin {
+		if p, err := parsePin(pin); err != nil {
+			errs = append(errs, err)
+		} else if !seen[p.upstream] {
+			errs = append(errs, fmt.Errorf("pin %q: %s is not among the upstreams", pin, p.upstream))
+		}
 	}
 	if c.DefaultUpstream != "" && !seen[upstream.CanonicalName(c.DefaultUpstream)] {
 		errs = append(errs, fmt.Errorf("default_upstream %s is not among the upstreams", c.DefaultUpstream))

@@ -102,6 +102,7 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	configPath := fs.String("config", "", "YAML configuration file")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (default info)")
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the run to this file, for go tool pprof")
+	maxSize := fs.String("max-size", "", "bound on the store: a size (100GiB), a percentage of the data dir's file system (80%), or off (default 85%)")
 	var ups upstreamFlags
 	fs.Var(&ups, "upstream", "NAME=URL[,URL...]: mirror registry NAME from these endpoints (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -124,6 +125,13 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	}
 	if *logLevel != "" {
 		cfg.LogLevel = *logLevel
+	}
+	if *maxSize != "" {
+		b, err := parseStoreBound(*maxSize)
+		if err != nil {
+			return cfg, fmt.Errorf("--max-size: %w", err)
+		}
+		cfg.MaxSize = b
 	}
 	cfg.CPUProfile = *cpuProfile
 	cfg.Upstreams = withDefaultUpstreams(mergeUpstreams(cfg.Upstreams, ups))
@@ -184,6 +192,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_store_damaged_blobs_total",
 		Help: "Stored blobs found damaged on disk (wrong size or digest) and quarantined, to be fetched again."},
 		func() float64 { return float64(store.Damaged()) }))
+	evictCtx, stopEviction := context.WithCancel(ctx)
+	waitEviction, err := startEviction(evictCtx, cfg, store, reg, log)
+	if err != nil {
+		stopEviction()
+		return err
+	}
+	defer func() { stopEviction(); waitEviction() }()
 	if rate := int64(deref(cfg.ScrubRate)); rate > 0 {
 		sc := storage.NewScrubber(store, rate)
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_scrub_read_bytes_total",

@@ -1,0 +1,56 @@
+package proxy
+
+import (
+	"net/http"
+	"testing"
+)
+
+// TestResponseSource: every answer says where it came from in
+// Pullproxy-Source, on the blob loop too; errors say nothing.
+func TestResponseSource(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	img := e.push("test/app", "v1", 200_000, 1)
+	layer, _ := layerDigest(t, img, 0)
+	ns := "?ns=" + upstreamName
+	for _, tc := range []struct {
+		name, path string
+		want       string
+	}{
+		{"manifest, first", "/v2/test/app/manifests/v1", "upstream"},
+		{"manifest, again", "/v2/test/app/manifests/v1", "cache"},
+		{"layer, first", "/v2/test/app/blobs/" + layer.String(), "download"},
+		{"layer, again (the blob loop)", "/v2/test/app/blobs/" + layer.String(), "cache"},
+		{"tag list, first", "/v2/test/app/tags/list", "upstream"},
+		{"tag list, again", "/v2/test/app/tags/list", "cache"},
+		{"referrers, first", "/v2/test/app/referrers/" + layer.String(), "upstream"},
+		{"referrers, again", "/v2/test/app/referrers/" + layer.String(), "cache"},
+		{"an error", "/v2/test/app/manifests/nope", ""},
+	} {
+		resp, _ := e.get(http.MethodGet, tc.path+ns, nil)
+		if got := resp.Header.Get("Pullproxy-Source"); got != tc.want {
+			t.Errorf("%s: Pullproxy-Source %q (status %d), want %q", tc.name, got, resp.StatusCode, tc.want)
+		}
+	}
+}
+
+// TestReady: /readyz answers 200 while the store works, 503 once the
+// server shuts down or the store is closed.
+func TestReady(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	if resp, body := e.get(http.MethodGet, "/readyz", nil); resp.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz: %d %s", resp.StatusCode, body)
+	}
+	e.store.Close()
+	if resp, body := e.get(http.MethodGet, "/readyz", nil); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/readyz with the store closed: %d %s, want 503", resp.StatusCode, body)
+	}
+	if resp, _ := e.get(http.MethodGet, "/healthz", nil); resp.StatusCode != http.StatusOK {
+		t.Errorf("/healthz: %d, want 200 (the process is alive)", resp.StatusCode)
+	}
+	e.srv.Close()
+	if resp, body := e.get(http.MethodGet, "/readyz", nil); resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/readyz shutting down: %d %s, want 503", resp.StatusCode, body)
+	}
+}

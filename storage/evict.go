@@ -1,0 +1,387 @@
+package storage
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dgraph-io/badger/v4"
+	"github.com/opencontainers/go-digest"
+)
+
+// Eviction keeps the store within a bound: the blobs' bytes (max_size), or
+// how full the data dir's file system may get. Past the high watermark the
+// least recently used blobs are removed until the low one is reached: in
+// the background after a commit, and before a download starts when its
+// bytes would not fit. A blob open for reading (a client being served, a
+// download's readers) or pinned is never removed; manifests are kept (a
+// few KiB each, and what lets a site answer tags offline). What remains is
+// consistent: an evicted layer is fetched again when a manifest that names
+// it is pulled.
+//
+// An eviction is crash-safe: the blobs to go are first marked in their
+// records, then their files removed, then their records; Open finishes
+// what a crash interrupted, so a store never keeps a record without its
+// file, nor a file without its record.
+
+// EvictionPolicy bounds the store.
+type EvictionPolicy struct {
+	// MaxBytes bounds the bytes of the blobs stored; 0: no such bound.
+	MaxBytes int64
+	// MaxPercent bounds how full (percent of its size) the data dir's
+	// file system may get, when MaxBytes is 0; 0: no bound at all.
+	MaxPercent float64
+	// Pinned, when set, lists blobs never to evict (the images of the
+	// pin list).
+	Pinned func(ctx context.Context) (map[digest.Digest]bool, error)
+}
+
+// DefaultMaxPercent is the bound without configuration: kubelet's image
+// garbage collection defaults (evict above 85% full, down to 80%).
+const DefaultMaxPercent = 85
+
+// Watermarks below the bound: MaxBytes is evicted down to 90% of it,
+// MaxPercent down to 5 points below it.
+const (
+	lowBytesFraction = 0.9
+	lowPercentPoints = 5
+)
+
+// EvictionRound is what one round of eviction did.
+type EvictionRound struct {
+	Blobs   int
+	Bytes   int64
+	Skipped int // candidates kept because they were open or pinned
+}
+
+// SetEviction sets the bound the store keeps to. It is to be called once,
+// before the store is used.
+func (s *Store) SetEviction(p EvictionPolicy) { s.eviction = p }
+
+// Usage returns the bytes and number of the blobs stored (manifests
+// included), as the records count them.
+func (s *Store) Usage() (bytes, blobs int64) { return s.storedBytes.Load(), s.storedBlobs.Load() }
+
+// Evictions returns the blobs and bytes evicted since Open.
+func (s *Store) Evictions() (blobs, bytes int64) { return s.evictedBlobs.Load(), s.evictedBytes.Load() }
+
+// overBound returns how many bytes are to go to bring the store down to
+// its low watermark once extra more are stored, or 0 if it stays under
+// the high one.
+func (s *Store) overBound(extra int64) int64 {
+	p := s.eviction
+	switch {
+	case p.MaxBytes > 0:
+		used := s.storedBytes.Load() + extra
+		if used <= p.MaxBytes {
+			return 0
+		}
+		return used - int64(float64(p.MaxBytes)*lowBytesFraction)
+	case p.MaxPercent > 0:
+		free, total, err := s.space(s.root)
+		if err != nil || total <= 0 {
+			return 0
+		}
+		used := total - free + extra
+		if float64(used) <= float64(total)*p.MaxPercent/100 {
+			return 0
+		}
+		return used - int64(float64(total)*max(p.MaxPercent-lowPercentPoints, 0)/100)
+	}
+	return 0
+}
+
+// RunEvictor evicts whenever the store is past its bound: on a commit that
+// takes it there, and every interval (other files may fill the file
+// system), until ctx ends.
+func (s *Store) RunEvictor(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if need := s.overBound(0); need > 0 {
+			s.evictLogged(ctx, need, "over the bound")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-s.evictWake:
+		}
+	}
+}
+
+// wakeEvictor tells RunEvictor to look, if the store is past its bound.
+func (s *Store) wakeEvictor() {
+	if s.eviction.MaxBytes == 0 && s.eviction.MaxPercent == 0 {
+		return
+	}
+	select {
+	case s.evictWake <- struct{}{}:
+	default:
+	}
+}
+
+// makeRoom evicts so that extra more bytes fit within the bound, for a
+// download about to start. It reports whether they do.
+func (s *Store) makeRoom(ctx context.Context, extra int64) bool {
+	need := s.overBound(extra)
+	if need <= 0 {
+		return true
+	}
+	s.evictLogged(ctx, need, "making room for a download")
+	return s.overBound(extra) <= 0
+}
+
+func (s *Store) evictLogged(ctx context.Context, need int64, why string) {
+	start := time.Now()
+	round, err := s.Evict(ctx, need)
+	bytes, blobs := s.Usage()
+	attrs := []any{"why", why, "wanted_bytes", need, "evicted_blobs", round.Blobs, "evicted_bytes", round.Bytes,
+		"kept_open_or_pinned", round.Skipped, "store_bytes", bytes, "store_blobs", blobs,
+		"duration", time.Since(start).Round(time.Millisecond)}
+	switch {
+	case err != nil:
+		s.log.Warn("eviction round failed", append(attrs, "err", err)...)
+	case round.Bytes < need:
+		s.log.Warn("eviction round could not free enough: what is left is open, pinned or manifests", append(attrs,
+			"fix", "raise max_size, unpin images, or give the data dir a larger disk")...)
+	default:
+		s.log.Info("eviction round", attrs...)
+	}
+}
+
+// evictionCandidate is a blob that may be evicted.
+type evictionCandidate struct {
+	d          digest.Digest
+	size       int64
+	lastAccess time.Time
+}
+
+// Evict removes least recently used blobs until need bytes are freed or
+// nothing more may go.
+func (s *Store) Evict(ctx context.Context, need int64) (EvictionRound, error) {
+	s.evictMu.Lock() // one round at a time; the lock is the round's, not the store's
+	defer s.evictMu.Unlock()
+	var round EvictionRound
+	var pinned map[digest.Digest]bool
+	if s.eviction.Pinned != nil {
+		var err error
+		if pinned, err = s.eviction.Pinned(ctx); err != nil {
+			return round, fmt.Errorf("listing pinned images: %w", err)
+		}
+	}
+	candidates, err := s.evictionCandidates(ctx)
+	if err != nil {
+		return round, err
+	}
+	open := openBlobs(s.blobs)
+	var chosen []evictionCandidate
+	var freed int64
+	for _, c := range candidates {
+		if freed >= need {
+			break
+		}
+		if pinned[c.d] || open[c.d.Encoded()] {
+			round.Skipped++
+			continue
+		}
+		chosen = append(chosen, c)
+		freed += c.size
+	}
+	// In batches: a batch is marked, its files removed, its records
+	// deleted; a crash anywhere in between is finished by Open.
+	for batch := range slices.Chunk(chosen, 256) {
+		if err := ctx.Err(); err != nil {
+			return round, err
+		}
+		n, bytes, err := s.evictBatch(batch)
+		round.Blobs += n
+		round.Bytes += bytes
+		if err != nil {
+			return round, err
+		}
+	}
+	return round, nil
+}
+
+// evictionCandidates lists the stored blobs that are not manifests,
+// least recently used first.
+func (s *Store) evictionCandidates(ctx context.Context) ([]evictionCandidate, error) {
+	var out []evictionCandidate
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(blobPrefix), PrefetchValues: true, PrefetchSize: 100})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			item := it.Item()
+			d := digest.Digest(item.Key()[len(blobPrefix):])
+			var rec BlobRecord
+			if err := item.Value(func(b []byte) error { return json.Unmarshal(b, &rec) }); err != nil {
+				continue // verify reports it
+			}
+			if rec.MediaType != "" || rec.Evicting || validate(d) != nil {
+				continue
+			}
+			out = append(out, evictionCandidate{d: d, size: rec.Size, lastAccess: rec.LastAccess})
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing blobs to evict: %w", err)
+	}
+	slices.SortFunc(out, func(a, b evictionCandidate) int { return a.lastAccess.Compare(b.lastAccess) })
+	return out, nil
+}
+
+// evictBatch evicts the blobs of batch: marks their records, removes their
+// files, deletes their records. It returns what it evicted.
+func (s *Store) evictBatch(batch []evictionCandidate) (int, int64, error) {
+	err := s.db.Update(func(txn *badger.Txn) error {
+		for _, c := range batch {
+			var rec BlobRecord
+			if err := getTxn(txn, blobKey(c.d), &rec); err != nil {
+				continue
+			}
+			rec.Evicting = true
+			b, err := json.Marshal(rec)
+			if err != nil {
+				return err
+			}
+			if err := txn.Set(blobKey(c.d), b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("marking blobs to evict: %w", err)
+	}
+	for _, c := range batch {
+		if err := os.Remove(s.blobPath(c.d)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			s.log.Warn("removing an evicted blob", "digest", c.d, "err", err)
+		}
+	}
+	n, bytes, err := s.dropEvicted(batch)
+	if err != nil {
+		return n, bytes, err
+	}
+	s.evictedBlobs.Add(int64(n))
+	s.evictedBytes.Add(bytes)
+	return n, bytes, nil
+}
+
+// dropEvicted deletes the records of evicted blobs that are still marked
+// (a blob committed again meanwhile is not), and counts them out.
+func (s *Store) dropEvicted(batch []evictionCandidate) (int, int64, error) {
+	var n int
+	var bytes int64
+	var dropped []digest.Digest
+	err := s.db.Update(func(txn *badger.Txn) error {
+		n, bytes, dropped = 0, 0, dropped[:0]
+		for _, c := range batch {
+			var rec BlobRecord
+			if err := getTxn(txn, blobKey(c.d), &rec); err != nil || !rec.Evicting {
+				continue
+			}
+			if err := txn.Delete(blobKey(c.d)); err != nil {
+				return err
+			}
+			n++
+			bytes += rec.Size
+			dropped = append(dropped, c.d)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("deleting the records of evicted blobs: %w", err)
+	}
+	for _, d := range dropped {
+		s.sizes.Delete(d)
+	}
+	s.storedBytes.Add(-bytes)
+	s.storedBlobs.Add(-int64(n))
+	return n, bytes, nil
+}
+
+// finishEvictions completes evictions a crash interrupted, and counts
+// what the store holds: Open runs it.
+func (s *Store) finishEvictions(ctx context.Context) error {
+	var pending []evictionCandidate
+	var bytes, blobs int64
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{Prefix: []byte(blobPrefix), PrefetchValues: true, PrefetchSize: 100})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			var rec BlobRecord
+			if err := it.Item().Value(func(b []byte) error { return json.Unmarshal(b, &rec) }); err != nil {
+				continue
+			}
+			d := digest.Digest(it.Item().KeyCopy(nil)[len(blobPrefix):])
+			bytes += rec.Size
+			blobs++
+			if rec.Evicting {
+				pending = append(pending, evictionCandidate{d: d, size: rec.Size})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("counting stored blobs: %w", err)
+	}
+	s.storedBytes.Store(bytes)
+	s.storedBlobs.Store(blobs)
+	if len(pending) == 0 {
+		return nil
+	}
+	for _, c := range pending {
+		if err := validate(c.d); err == nil {
+			if err := os.Remove(s.blobPath(c.d)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("finishing an interrupted eviction of %s: %w", c.d, err)
+			}
+		}
+	}
+	n, freed, err := s.dropEvicted(pending)
+	if err != nil {
+		return err
+	}
+	s.log.Info("finished an eviction interrupted by a stop", "blobs", n, "bytes", freed)
+	return nil
+}
+
+// openBlobs returns the blobs some descriptor of this process holds open,
+// by encoded digest, from /proc/self/fd: eviction passes them by. Reading
+// the descriptor table at each round costs nothing on the hot path, where
+// counting readers would cost every request. Where /proc is missing, it
+// returns none: a blob removed while open is still read whole, its space
+// freed when it is closed.
+func openBlobs(blobsDir string) map[string]bool {
+	out := map[string]bool{}
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return out
+	}
+	prefix := blobsDir + string(filepath.Separator)
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err != nil || !strings.HasPrefix(target, prefix) {
+			continue
+		}
+		out[filepath.Base(target)] = true
+	}
+	return out
+}

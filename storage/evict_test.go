@@ -1,0 +1,164 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// putBlobs stores blobs of size bytes, oldest first, and returns their digests.
+func putBlobs(t *testing.T, s *Store, n, size int) []digest.Digest {
+	t.Helper()
+	var out []digest.Digest
+	for i := range n {
+		b := randomBytes(uint64(1000+i+size), size)
+		d := digest.FromBytes(b)
+		if err := s.PutBlob(t.Context(), d, b); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func stored(s *Store, d digest.Digest) bool {
+	_, err := s.StatBlob(context.Background(), d)
+	return err == nil
+}
+
+// TestEvictLeastRecentlyUsed: eviction removes the least recently used
+// blobs first, file and record, and passes by blobs open for reading,
+// pinned blobs and manifests.
+func TestEvictLeastRecentlyUsed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                   string
+		open, pinned, manifest bool // the oldest blob is
+		evicted                []int
+	}{
+		{name: "oldest first", evicted: []int{0}},
+		{name: "open", open: true, evicted: []int{1}},
+		{name: "pinned", pinned: true, evicted: []int{1}},
+		{name: "manifest", manifest: true, evicted: []int{1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := openStore(t)
+			ds := putBlobs(t, s, 4, 300)
+			if tc.open {
+				fd, _, err := s.OpenBlobFD(t.Context(), ds[0])
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer syscall.Close(fd)
+			}
+			policy := EvictionPolicy{MaxBytes: 1000}
+			if tc.pinned {
+				policy.Pinned = func(context.Context) (map[digest.Digest]bool, error) {
+					return map[digest.Digest]bool{ds[0]: true}, nil
+				}
+			}
+			if tc.manifest {
+				if err := s.SetMediaType(t.Context(), ds[0], "application/vnd.oci.image.manifest.v1+json"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.SetEviction(policy)
+			need := s.overBound(0) // 1200 held, down to 900
+			if need != 300 {
+				t.Fatalf("over the bound by %d, want 300", need)
+			}
+			round, err := s.Evict(t.Context(), need)
+			if err != nil || round.Blobs != 1 || round.Bytes != 300 {
+				t.Fatalf("Evict: %+v, %v; want one blob of 300 bytes", round, err)
+			}
+			for i, d := range ds {
+				want := !contains(tc.evicted, i)
+				if got := stored(s, d); got != want {
+					t.Errorf("blob %d stored: %v, want %v", i, got, want)
+				}
+				if _, err := s.Blob(t.Context(), d); (err == nil) != want {
+					t.Errorf("blob %d record: %v, want it kept %v", i, err, want)
+				}
+			}
+			if bytes, blobs := s.Usage(); bytes != 900 || blobs != 3 {
+				t.Errorf("usage after: %d bytes in %d blobs, want 900 in 3", bytes, blobs)
+			}
+		})
+	}
+}
+
+func contains(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// TestDownloadMakesRoom: a download whose bytes would take the store past
+// max_size evicts first; one larger than max_size is refused.
+func TestDownloadMakesRoom(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	ds := putBlobs(t, s, 3, 300)
+	s.SetEviction(EvictionPolicy{MaxBytes: 1000})
+	b := randomBytes(7, 300)
+	p, err := s.NewPartial(t.Context(), digest.FromBytes(b), int64(len(b)))
+	if err != nil {
+		t.Fatalf("a download that fits once the oldest blob goes: %v", err)
+	}
+	if _, err := p.WriteAt(b, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if stored(s, ds[0]) || !stored(s, ds[1]) || !stored(s, ds[2]) {
+		t.Errorf("stored after: %v %v %v, want the oldest evicted", stored(s, ds[0]), stored(s, ds[1]), stored(s, ds[2]))
+	}
+	if bytes, _ := s.Usage(); bytes > 1000 {
+		t.Errorf("the store holds %d bytes, over its max_size of 1000", bytes)
+	}
+	big := randomBytes(8, 1001)
+	if _, err := s.NewPartial(t.Context(), digest.FromBytes(big), int64(len(big))); !errors.Is(err, ErrNoSpace) {
+		t.Errorf("a blob larger than max_size: %v, want ErrNoSpace", err)
+	}
+}
+
+// TestInterruptedEvictionFinishedAtOpen: a stop between marking a blob for
+// eviction and deleting its record, its file removed or not, leaves a
+// store that Open finishes and Verify finds clean.
+func TestInterruptedEvictionFinishedAtOpen(t *testing.T) {
+	t.Parallel()
+	for _, fileRemoved := range []bool{false, true} {
+		dir := t.TempDir()
+		s := openStoreAt(t, dir)
+		ds := putBlobs(t, s, 2, 300)
+		err := s.update(blobKey(ds[0]), func(rec *BlobRecord) bool { rec.Evicting = true; return true })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fileRemoved {
+			if err := os.Remove(s.blobPath(ds[0])); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.Close()
+		s = openStoreAt(t, dir)
+		if stored(s, ds[0]) || !stored(s, ds[1]) {
+			t.Errorf("file removed %v: after reopening, stored %v %v; want the marked blob gone", fileRemoved, stored(s, ds[0]), stored(s, ds[1]))
+		}
+		if problems, err := s.Verify(t.Context(), VerifyOptions{}); err != nil || len(problems) > 0 {
+			t.Errorf("file removed %v: verify: %+v, %v", fileRemoved, problems, err)
+		}
+		if bytes, blobs := s.Usage(); bytes != 300 || blobs != 1 {
+			t.Errorf("usage: %d bytes in %d blobs, want 300 in 1", bytes, blobs)
+		}
+	}
+}
