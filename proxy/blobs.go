@@ -192,6 +192,8 @@ func (s *Server) declaredHead(ctx context.Context, rt route, d digest.Digest, si
 // the upstream has started sending, the blob is known to be there.
 func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route, p inflight, own bool) {
 	ctx := r.Context()
+	s.metrics.waiters.Add(1)
+	defer s.metrics.waiters.Add(-1)
 	size, err := p.WaitStarted(ctx)
 	if err != nil {
 		if ctx.Err() == nil {

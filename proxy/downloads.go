@@ -3,7 +3,11 @@ package proxy
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -155,9 +159,11 @@ func (t *downloads) run(rt route, dl *download) {
 	defer cancel()
 	start := time.Now()
 	log := t.srv.log.With("upstream", rt.up.Name(), "repo", rt.repo, "digest", d)
-	log.Info("blob download started")
+	resumed := p.Written()
+	log.Info("blob download started", "resumed_at", resumed)
 
-	served, err := rt.up.FetchBlob(ctx, rt.repo, d, p)
+	report, err := rt.up.FetchBlob(ctx, rt.repo, d, p)
+	served := report.Endpoint
 	switch {
 	case err == nil:
 		err = p.Commit(ctx) // fails, and discards the bytes, on a digest mismatch
@@ -168,6 +174,9 @@ func (t *downloads) run(rt route, dl *download) {
 	}
 	t.remove(d, dl)
 
+	if (errors.Is(err, storage.ErrDigestMismatch) || errors.Is(err, storage.ErrSizeMismatch)) && !errors.Is(err, storage.ErrChangedOnDisk) {
+		t.srv.metrics.verifyFailures.WithLabelValues(rt.up.Name()).Inc()
+	}
 	if errors.Is(err, storage.ErrDigestMismatch) && !errors.Is(err, storage.ErrChangedOnDisk) && served != "" {
 		// The upstream remembers, and asks that endpoint no more for d.
 		rt.up.ReportCorrupt(d, served, err)
@@ -181,7 +190,7 @@ func (t *downloads) run(rt route, dl *download) {
 	}
 	if err != nil {
 		t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "failed").Inc()
-		attrs := []any{"err", err, "duration", time.Since(start).Round(time.Millisecond)}
+		attrs := append([]any{"err", err, "duration", time.Since(start).Round(time.Millisecond)}, fetchAttrs(report)...)
 		if h := hint(err); h != "" {
 			attrs = append(attrs, "fix", h)
 		}
@@ -190,7 +199,29 @@ func (t *downloads) run(rt route, dl *download) {
 	}
 	t.srv.addMember(ctx, rt, d)
 	t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "committed").Inc()
-	log.Info("blob download committed", "bytes", p.Size(), "duration", time.Since(start).Round(time.Millisecond))
+	took := time.Since(start)
+	fetched := p.Size() - resumed
+	log.Info("blob download committed", append([]any{"bytes", p.Size(), "fetched_bytes", fetched,
+		"duration", took.Round(time.Millisecond), "goodput_bytes_per_second", int64(float64(fetched) / max(took.Seconds(), 1e-3)),
+		"endpoint", served}, fetchAttrs(report)...)...)
+}
+
+// fetchAttrs are the log attributes of how a download went: chunks
+// answered whole, refused, and cut by kind (the path's doing), and the
+// endpoints tried.
+func fetchAttrs(r upstream.FetchReport) []any {
+	cuts := "none"
+	if len(r.Cuts) > 0 {
+		var b strings.Builder
+		for _, kind := range slices.Sorted(maps.Keys(r.Cuts)) {
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%s=%d", kind, r.Cuts[kind])
+		}
+		cuts = b.String()
+	}
+	return []any{"chunks", r.Chunks, "chunks_refused", r.Failed, "cuts", cuts, "endpoints_tried", r.Endpoints}
 }
 
 // restart starts a new download of d unless one is already running.
@@ -215,6 +246,13 @@ func (t *downloads) remove(d digest.Digest, dl *download) {
 	}
 	t.mu.Unlock()
 	close(dl.finished)
+}
+
+// running returns how many downloads are in progress.
+func (t *downloads) running() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.m)
 }
 
 // lookup returns the running download of d, if any, without starting one,

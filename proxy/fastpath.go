@@ -328,7 +328,8 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	}
 	n, err := sendBlob(c.ci.tcp, c.ci.raw, c.hdr, fd, body, s.sendTimeout, until)
 	s.accesses.note(d)
-	s.count(kindBlob, req.method, http.StatusOK, "cache", n)
+	s.count(kindBlob, req.method, http.StatusOK, sourceCache, n)
+	s.metrics.observe(kindBlob, sourceCache, time.Since(start))
 	s.logRequest(s.ctx, req.method, req.path, ns, c.remote, http.StatusOK, n, start)
 	if err != nil {
 		c.ci.tcp.Close() // the loop's next read fails and ends it

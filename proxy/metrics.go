@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -19,7 +20,22 @@ type metrics struct {
 	stale        *prometheus.CounterVec
 	fetches      *prometheus.CounterVec
 	connsRefused *prometheus.CounterVec
+
+	// By kind of request, each looked up once: durations, and whether
+	// the answer came from the store (hit) or not (miss).
+	durations      map[string]prometheus.Observer
+	cacheResults   map[string][2]prometheus.Counter // [hit, miss]
+	verifyFailures *prometheus.CounterVec
+	waiters        atomic.Int64 // clients waiting on downloads in flight
 }
+
+// metricKinds are the values of the kind label: bounded, whatever the
+// requests.
+var metricKinds = []string{kindBlob, kindManifest, kindTags, kindReferrers, "catalog", "ping", "other"}
+
+// requestDurationBuckets span a manifest answered from memory (a
+// millisecond) to a cold layer of gigabytes across a broken path (an hour).
+var requestDurationBuckets = prometheus.ExponentialBuckets(0.001, 4, 12)
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
@@ -48,12 +64,50 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		"cache":    m.servedBytes.WithLabelValues("cache"),
 		"download": m.servedBytes.WithLabelValues("download"),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.servedBytes, m.stale, m.fetches, m.connsRefused} {
+	durations := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "pullproxy_http_request_duration_seconds",
+		Help:    "Time from a request's arrival to the end of its answer, by kind (blobs, manifests, tags, referrers, catalog, ping, other).",
+		Buckets: requestDurationBuckets,
+	}, []string{"kind"})
+	cacheRequests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pullproxy_cache_requests_total",
+		Help: "Answers with content, by kind and result: hit (from the store) or miss (from a download in flight or the upstream).",
+	}, []string{"kind", "result"})
+	m.verifyFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pullproxy_blob_verification_failures_total",
+		Help: "Blob downloads whose bytes did not match their digest or size, by upstream: the upstream's copy, or the path, corrupted them.",
+	}, []string{"upstream"})
+	m.durations = map[string]prometheus.Observer{}
+	m.cacheResults = map[string][2]prometheus.Counter{}
+	for _, k := range metricKinds {
+		m.durations[k] = durations.WithLabelValues(k)
+		m.cacheResults[k] = [2]prometheus.Counter{cacheRequests.WithLabelValues(k, "hit"), cacheRequests.WithLabelValues(k, "miss")}
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.servedBytes, m.stale, m.fetches, m.connsRefused,
+		durations, cacheRequests, m.verifyFailures} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// observe records how long a request of kind took, and, if it answered
+// with content from source, whether that was a cache hit.
+func (m *metrics) observe(kind, source string, took time.Duration) {
+	o, ok := m.durations[kind]
+	if !ok {
+		kind = "other"
+		o = m.durations[kind]
+	}
+	o.Observe(took.Seconds())
+	switch source {
+	case "":
+	case sourceCache:
+		m.cacheResults[kind][0].Inc()
+	default:
+		m.cacheResults[kind][1].Inc()
+	}
 }
 
 // commonStatuses are the statuses whose counters metrics.common keeps.

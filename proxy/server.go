@@ -41,8 +41,9 @@ type Upstream interface {
 	// subject is the digest; ErrNotFound when the upstream has no
 	// referrers API (or no such repository).
 	Referrers(ctx context.Context, repo string, subject digest.Digest) ([]json.RawMessage, error)
-	// FetchBlob writes a blob into w and returns the endpoint that served it.
-	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (string, error)
+	// FetchBlob writes a blob into w and reports how: the endpoint that
+	// served it, chunks, cuts.
+	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (upstream.FetchReport, error)
 	// ReportCorrupt says that the blob an endpoint served failed verification.
 	ReportCorrupt(d digest.Digest, endpoint string, cause error)
 	// Endpoints lists the URLs serving the upstream, in the order they are tried.
@@ -383,6 +384,18 @@ func New(opts ...Option) (*Server, error) {
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.downloads = newDownloads(s, c.fetchTimeout)
+	for _, g := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pullproxy_downloads_in_flight",
+			Help: "Blob downloads from upstreams in progress."},
+			func() float64 { return float64(s.downloads.running()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pullproxy_download_waiters",
+			Help: "Client responses being served from downloads in progress, waiting on their bytes."},
+			func() float64 { return float64(s.metrics.waiters.Load()) }),
+	} {
+		if err := c.registry.Register(g); err != nil {
+			return nil, fmt.Errorf("proxy: registering metrics: %w", err)
+		}
+	}
 	s.accesses, s.accessesDone = newAccesses(), make(chan struct{})
 	go func() {
 		defer close(s.accessesDone)
@@ -527,6 +540,7 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 // known once it is resolved.
 func (s *Server) finish(r *http.Request, ns string, rw *responseRecorder, start time.Time, kind *string) {
 	s.count(*kind, r.Method, rw.status, rw.source, rw.written)
+	s.metrics.observe(*kind, rw.source, time.Since(start))
 	s.logRequest(r.Context(), r.Method, r.URL.Path, ns, r.RemoteAddr, rw.status, rw.written, start)
 }
 

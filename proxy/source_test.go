@@ -3,6 +3,8 @@ package proxy
 import (
 	"net/http"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestResponseSource: every answer says where it came from in
@@ -52,5 +54,47 @@ func TestReady(t *testing.T) {
 	e.srv.Close()
 	if resp, body := e.get(http.MethodGet, "/readyz", nil); resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("/readyz shutting down: %d %s, want 503", resp.StatusCode, body)
+	}
+}
+
+// TestRequestMetrics: durations by kind, cache hits and misses, and
+// clients waiting on downloads are counted.
+func TestRequestMetrics(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	img := e.push("test/app", "v1", 100_000, 1)
+	layer, _ := layerDigest(t, img, 0)
+	path := "/v2/test/app/blobs/" + layer.String() + "?ns=" + upstreamName
+	for range 3 { // a miss, then hits: one through net/http, one on the blob loop
+		e.get(http.MethodGet, path, nil)
+	}
+	hits := testutil.ToFloat64(e.srv.metrics.cacheResults[kindBlob][0])
+	misses := testutil.ToFloat64(e.srv.metrics.cacheResults[kindBlob][1])
+	if hits != 2 || misses != 1 {
+		t.Errorf("blob cache hits %v, misses %v; want 2 and 1", hits, misses)
+	}
+	families, err := e.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, f := range families {
+		if f.GetName() != "pullproxy_http_request_duration_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				counts[l.GetValue()] += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	if counts[kindBlob] != 3 {
+		t.Errorf("blob request durations observed: %d, want 3", counts[kindBlob])
+	}
+	if got := e.srv.metrics.waiters.Load(); got != 0 {
+		t.Errorf("clients waiting on downloads after the answers: %d, want 0", got)
+	}
+	if got := e.srv.downloads.running(); got != 0 {
+		t.Errorf("downloads in flight after the answers: %d", got)
 	}
 }

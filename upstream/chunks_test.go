@@ -788,7 +788,8 @@ func TestFetchBlobAvoidsCorruptEndpoints(t *testing.T) {
 				r.ReportCorrupt(d, r.Endpoints()[i], cause)
 			}
 			w := newMemBlobWriter(-1)
-			served, err := r.FetchBlob(t.Context(), "org/app", d, w)
+			report, err := r.FetchBlob(t.Context(), "org/app", d, w)
+			served := report.Endpoint
 			if tt.want == nil {
 				if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), cause.Error()) ||
 					!strings.Contains(err.Error(), "corrupt") {

@@ -40,6 +40,7 @@ type ECRCredentials struct {
 	apiEndpoint string
 	loadConfig  func(ctx context.Context, region string) (aws.Config, error)
 	log         *slog.Logger
+	metrics     *Metrics // nil: not counted
 	now         func() time.Time
 
 	mu      sync.Mutex
@@ -74,6 +75,11 @@ func WithECRAPIEndpoint(url string) ECROption {
 // use static credentials. Default: config.LoadDefaultConfig with the region.
 func WithAWSConfig(load func(ctx context.Context, region string) (aws.Config, error)) ECROption {
 	return func(c *ECRCredentials) { c.loadConfig = load }
+}
+
+// WithECRMetrics counts token renewals in m.
+func WithECRMetrics(m *Metrics) ECROption {
+	return func(c *ECRCredentials) { c.metrics = m }
 }
 
 // WithECRLogger sets the logger. Default: slog.Default().
@@ -155,6 +161,7 @@ func (c *ECRCredentials) fetch(ctx context.Context, region string) (ecrToken, er
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
 		tok, err := c.getToken(fctx, region)
+		c.metrics.ecrRenewal(region, err)
 		if err != nil {
 			return ecrToken{}, err
 		}

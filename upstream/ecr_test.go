@@ -21,6 +21,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pullproxy/pullproxy/internal/ecrtest"
 )
@@ -52,6 +54,7 @@ type ecrEnv struct {
 	regs    map[string]*ecrtest.Registry
 	srvs    map[string]*httptest.Server
 	creds   *ECRCredentials
+	metrics *Metrics
 	logs    *bytes.Buffer
 	digests []digest.Digest // the image's layers
 	image   string          // the image's tag
@@ -85,7 +88,12 @@ func newECREnv(t *testing.T, lifetime time.Duration) *ecrEnv {
 		e.digests = append(e.digests, digest.Digest(d.String()))
 	}
 	logger := slog.New(slog.NewTextHandler(&syncWriter{w: e.logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e.creds = NewECRCredentials(WithECRAPIEndpoint(apiSrv.URL), WithECRLogger(logger),
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.metrics = m
+	e.creds = NewECRCredentials(WithECRAPIEndpoint(apiSrv.URL), WithECRLogger(logger), WithECRMetrics(m),
 		WithAWSConfig(func(_ context.Context, region string) (aws.Config, error) {
 			return aws.Config{Region: region, Credentials: credentials.NewStaticCredentialsProvider("AKIDTEST", "secret-aws-key", "")}, nil
 		}))
@@ -166,6 +174,9 @@ func TestECRTokenExpiry(t *testing.T) {
 	}
 	if got := len(e.api.Tokens("us-east-2")); got != 2 {
 		t.Errorf("tokens issued: got %d, want 2 (one renewal)", got)
+	}
+	if got := testutil.ToFloat64(e.metrics.ecrRenewals.WithLabelValues("us-east-2", "ok")); got != 2 {
+		t.Errorf("pullproxy_ecr_token_renewals_total{region=us-east-2,result=ok}: %v, want 2", got)
 	}
 	e.noSecrets(t)
 }

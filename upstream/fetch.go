@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -47,20 +48,22 @@ const fetchBufferSize = 256 << 10
 // one. It returns the endpoint (as Endpoints names it) that completed the
 // blob. The digest is not checked here: w's owner does that once every
 // byte is in, and reports a mismatch with ReportCorrupt.
-func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter) (string, error) {
+func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter) (FetchReport, error) {
+	var stats fetchStats
 	eps, err := r.usableFor(repo, d)
 	if err != nil {
-		return "", err
+		return stats.report(""), err
 	}
 	eps = r.ordered(eps)
 	for i, ep := range eps {
-		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w}
+		stats.endpoints++
+		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w, stats: &stats}
 		if err = f.run(ctx); err == nil {
 			ep.markUp()
-			return ep.url.Redacted(), nil
+			return stats.report(ep.url.Redacted()), nil
 		}
 		if ctx.Err() != nil {
-			return "", err
+			return stats.report(""), err
 		}
 		if errors.Is(err, ErrUnavailable) && len(r.endpoints) > 1 {
 			ep.markFailed(r, err)
@@ -71,9 +74,55 @@ func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, 
 		}
 	}
 	if len(eps) > 1 {
-		return "", fmt.Errorf("fetching %s: every endpoint failed, the last with: %w", d, err)
+		return stats.report(""), fmt.Errorf("fetching %s: every endpoint failed, the last with: %w", d, err)
 	}
-	return "", err
+	return stats.report(""), err
+}
+
+// FetchReport is what fetching one blob took, for the line the download
+// logs: where it came from, and how the path treated it.
+type FetchReport struct {
+	Endpoint  string // the endpoint that served it whole; "" if none did
+	Endpoints int    // endpoints tried
+	Chunks    int64  // chunk requests answered to their end
+	Failed    int64  // chunk requests that got no byte (refused, unreachable)
+	// Cuts counts the connections that died mid-answer, by kind: reset,
+	// eof, stall, slow, error.
+	Cuts map[string]int64
+}
+
+// fetchStats accumulates a FetchReport across a blob's workers and endpoints.
+type fetchStats struct {
+	mu        sync.Mutex
+	endpoints int
+	chunks    int64
+	failed    int64
+	cuts      map[string]int64
+}
+
+func (s *fetchStats) chunk(result, cutKind string) {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch result {
+	case "complete":
+		s.chunks++
+	case "failed":
+		s.failed++
+	case "cut":
+		if s.cuts == nil {
+			s.cuts = map[string]int64{}
+		}
+		s.cuts[cutKind]++
+	}
+}
+
+func (s *fetchStats) report(endpoint string) FetchReport {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return FetchReport{Endpoint: endpoint, Endpoints: s.endpoints, Chunks: s.chunks, Failed: s.failed, Cuts: maps.Clone(s.cuts)}
 }
 
 // blobFetch is one blob being fetched from one endpoint.
@@ -83,6 +132,7 @@ type blobFetch struct {
 	repo   string
 	digest digest.Digest
 	w      BlobWriter
+	stats  *fetchStats // shared by the blob's endpoints; nil: not kept
 
 	mu        sync.Mutex
 	inflight  []span        // ranges claimed by workers
@@ -406,6 +456,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 	resp, op, err := f.open(ctx, l, c)
 	if err != nil {
 		chunks.WithLabelValues("failed").Inc()
+		f.stats.chunk("failed", "")
 		if e := (*Error)(nil); errors.As(err, &e) &&
 			(e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable) {
 			f.ep.pipe.failed(pipeBusy)
@@ -473,6 +524,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 		}
 		kind := cutKind(err)
 		chunks.WithLabelValues("cut").Inc()
+		f.stats.chunk("cut", kind)
 		f.ep.health.chunk(time.Now(), true)
 		// Where the session died: the bytes it carried in all, chunks
 		// before this one, handshake and headers included, as the carrier
@@ -511,6 +563,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 			chunkName(f.digest, start, end), cutVerb(kind), n, end-start, carried, err)
 	}
 	chunks.WithLabelValues("complete").Inc()
+	f.stats.chunk("complete", "")
 	f.ep.health.chunk(time.Now(), false)
 	if conn != nil && (c.open || resp.StatusCode != http.StatusPartialContent ||
 		conn.allowance(f.ep)-conn.read.Load() < minChunk) {

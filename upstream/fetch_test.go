@@ -623,10 +623,20 @@ func TestFetchBlobResume(t *testing.T) {
 				known = size
 			}
 			w := newPrefilled(t, known, blob, tt.prefill)
-			if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+			report, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w)
+			if err != nil {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
+			// Each request but the last was cut: the report says so.
+			var cuts int64
+			for _, n := range report.Cuts {
+				cuts += n
+			}
+			if wantCuts := int64(len(tt.wantRanges) - 1); cuts != wantCuts || report.Chunks != 1 ||
+				report.Endpoint != r.Endpoints()[0] || report.Endpoints != 1 {
+				t.Errorf("report: %+v, want %d cuts, 1 chunk whole, from %s", report, wantCuts, r.Endpoints()[0])
+			}
 			if got := ranges(s.getRequests()); !slices.Equal(got, tt.wantRanges) {
 				t.Errorf("Range headers: got %q, want %q", got, tt.wantRanges)
 			}

@@ -22,6 +22,8 @@ type Metrics struct {
 	rateRemaining *prometheus.GaugeVec
 	rateLimit     *prometheus.GaugeVec
 	endpointUp    *prometheus.GaugeVec
+
+	ecrRenewals *prometheus.CounterVec
 }
 
 // NewMetrics creates the upstream metrics and registers them with reg.
@@ -72,7 +74,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "pullproxy_upstream_endpoint_up",
 		Help: "1 while an endpoint is in use, 0 while it is left aside after failing (it is probed again later).",
 	}, []string{"upstream", "endpoint"})
-	for _, c := range []prometheus.Collector{m.requests, m.blobBytes, m.budget, m.cuts, m.chunks, m.retries,
+	m.ecrRenewals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pullproxy_ecr_token_renewals_total",
+		Help: "ECR authorization tokens asked for, by region and result (ok, failed).",
+	}, []string{"region", "result"})
+	for _, c := range []prometheus.Collector{m.ecrRenewals, m.requests, m.blobBytes, m.budget, m.cuts, m.chunks, m.retries,
 		m.connLimit, m.connsInFlight, m.rateRemaining, m.rateLimit, m.endpointUp} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -87,4 +93,16 @@ func (m *Metrics) request(upstream, method string, status int) {
 		code = strconv.Itoa(status)
 	}
 	m.requests.WithLabelValues(upstream, method, code).Inc()
+}
+
+// ecrRenewal counts an ECR token asked for. m may be nil.
+func (m *Metrics) ecrRenewal(region string, err error) {
+	if m == nil {
+		return
+	}
+	result := "ok"
+	if err != nil {
+		result = "failed"
+	}
+	m.ecrRenewals.WithLabelValues(region, result).Inc()
 }

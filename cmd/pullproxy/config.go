@@ -176,7 +176,7 @@ type authConfig struct {
 }
 
 // credentials builds the upstream's credentials; nil means anonymous.
-func (a authConfig) credentials(upstreamName string, log *slog.Logger) (upstream.Credentials, error) {
+func (a authConfig) credentials(upstreamName string, log *slog.Logger, m *upstream.Metrics) (upstream.Credentials, error) {
 	switch a.Type {
 	case "", "anonymous":
 		return nil, nil
@@ -212,7 +212,7 @@ func (a authConfig) credentials(upstreamName string, log *slog.Logger) (upstream
 		}
 		return c, nil
 	case "ecr":
-		opts := []upstream.ECROption{upstream.WithECRLogger(log)}
+		opts := []upstream.ECROption{upstream.WithECRLogger(log), upstream.WithECRMetrics(m)}
 		if a.APIEndpoint != "" {
 			opts = append(opts, upstream.WithECRAPIEndpoint(a.APIEndpoint))
 		}

@@ -185,7 +185,7 @@ func TestAuthConfig(t *testing.T) {
 		{"unknown type", authConfig{Type: "kerberos"}, `auth type "kerberos"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := tc.auth.credentials("reg.test", slog.New(slog.DiscardHandler))
+			_, err := tc.auth.credentials("reg.test", slog.New(slog.DiscardHandler), nil)
 			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Errorf("got %v, want %q", err, tc.want)
 			}

@@ -241,7 +241,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	transport := upstream.NewTransport()
 	var names []string
 	for _, u := range cfg.Upstreams {
-		creds, err := u.Auth.credentials(u.Name, log)
+		creds, err := u.Auth.credentials(u.Name, log, upMetrics)
 		if err != nil {
 			return err
 		}
