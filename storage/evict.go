@@ -69,6 +69,16 @@ func (s *Store) SetEviction(p EvictionPolicy) { s.eviction = p }
 // included), as the records count them.
 func (s *Store) Usage() (bytes, blobs int64) { return s.storedBytes.Load(), s.storedBlobs.Load() }
 
+// FileSystem returns the free (to unprivileged users) and total bytes of
+// the data dir's file system; zeros when it cannot tell.
+func (s *Store) FileSystem() (free, total int64) {
+	free, total, err := s.space(s.root)
+	if err != nil {
+		return 0, 0
+	}
+	return free, total
+}
+
 // Evictions returns the blobs and bytes evicted since Open.
 func (s *Store) Evictions() (blobs, bytes int64) { return s.evictedBlobs.Load(), s.evictedBytes.Load() }
 
