@@ -207,10 +207,13 @@ func (t *downloads) run(rt route, dl *download) {
 }
 
 // fetchAttrs are the log attributes of how a download went: chunks
-// answered whole, refused, and cut by kind (the path's doing), and the
-// endpoints tried.
+// answered whole, chunk requests made again (each refused or cut one),
+// refused, and cut by kind (the path's doing), and the endpoints tried.
 func fetchAttrs(r upstream.FetchReport) []any {
-	cuts := "none"
+	cuts, retries := "none", r.Failed
+	for _, n := range r.Cuts {
+		retries += n
+	}
 	if len(r.Cuts) > 0 {
 		var b strings.Builder
 		for _, kind := range slices.Sorted(maps.Keys(r.Cuts)) {
@@ -221,7 +224,7 @@ func fetchAttrs(r upstream.FetchReport) []any {
 		}
 		cuts = b.String()
 	}
-	return []any{"chunks", r.Chunks, "chunks_refused", r.Failed, "cuts", cuts, "endpoints_tried", r.Endpoints}
+	return []any{"chunks", r.Chunks, "retries", retries, "chunks_refused", r.Failed, "cuts", cuts, "endpoints_tried", r.Endpoints}
 }
 
 // restart starts a new download of d unless one is already running.
