@@ -67,6 +67,10 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 			s.headBlob(w, r, rt, d)
 			return
 		}
+		if o, ok := rt.up.(offlineUpstream); ok {
+			s.fail(w, r, rt, o.miss(rt.repo, "blob "+d.String()))
+			return
+		}
 		p, own, err := s.downloads.join(ctx, rt, d)
 		if errors.Is(err, errStored) {
 			continue

@@ -86,7 +86,7 @@ func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (ups
 	if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		s.log.Warn("reading tag cache", "err", err)
 	}
-	if cached && time.Since(rec.CheckedAt) < s.tagTTL {
+	if cached && (time.Since(rec.CheckedAt) < s.tagTTL || isOffline(rt.up)) {
 		return recDescriptor(rec), nil
 	}
 	if !acceptsAll(accept) && !cached {

@@ -72,8 +72,12 @@ func (s *Server) referrers(ctx context.Context, rt route, subject digest.Digest)
 	if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		s.log.Warn("reading the referrers cache", "err", err)
 	}
-	if cached && time.Since(rec.CheckedAt) < s.tagTTL {
+	if cached && (time.Since(rec.CheckedAt) < s.tagTTL || isOffline(rt.up)) {
 		return rec, sourceCache, nil
+	}
+	if o, ok := rt.up.(offlineUpstream); ok {
+		// Not "no referrers": the tag schema's fallback below would say so.
+		return storage.ReferrersRecord{}, "", o.miss(rt.repo, "the referrers of "+subject.String())
 	}
 	v, err, _ := s.shared(ctx, "referrers "+name+"/"+rt.repo+"@"+subject.String(), func(ctx context.Context) (any, error) {
 		rec := storage.ReferrersRecord{CheckedAt: time.Now()}

@@ -29,6 +29,9 @@ func (s *Server) inRepository(ctx context.Context, rt route, kind string, d dige
 	if err != nil {
 		s.log.Warn("reading what a repository holds: asking the upstream", "err", err)
 	}
+	if o, ok := rt.up.(offlineUpstream); ok {
+		return o.miss(rt.repo, kind+" "+d.String()) // nobody to ask
+	}
 	key := "member " + name + "/" + rt.repo + "@" + d.String()
 	if err, ok := s.notFound.get(key); ok {
 		return err

@@ -78,7 +78,7 @@ func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (sto
 	if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		s.log.Warn("reading the tag list cache", "err", err)
 	}
-	if cached && time.Since(rec.CheckedAt) < s.tagTTL {
+	if cached && (time.Since(rec.CheckedAt) < s.tagTTL || isOffline(rt.up)) {
 		return rec, sourceCache, nil
 	}
 	v, err, _ := s.shared(ctx, "tags "+name+"/"+rt.repo+"?"+key, func(ctx context.Context) (any, error) {

@@ -39,6 +39,7 @@ type fileConfig struct {
 	BlobLoop        *bool            `yaml:"blob_loop"`
 	ScrubRate       *byteSize        `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
 	ScrubInterval   *time.Duration   `yaml:"scrub_interval"` // from one scrub pass's start to the next's
+	Offline         bool             `yaml:"offline"`        // never contact an upstream: serve what the store holds
 	MaxSize         storeBound       `yaml:"max_size"`       // a size, a percentage of the file system, or off; default 85%
 	Pin             []string         `yaml:"pin"`            // images never evicted
 	Fetch           fetchConfig      `yaml:"fetch"`
@@ -130,6 +131,9 @@ type upstreamConfig struct {
 	// AllowClients are the addresses and networks that may pull from this
 	// upstream through pullproxy; empty: any the listener lets in.
 	AllowClients []string `yaml:"allow_clients"`
+	// Offline: this upstream is never contacted; what the store holds
+	// for it is served (an air-gapped site's imports).
+	Offline bool `yaml:"offline"`
 }
 
 // tlsConfig returns the upstream's TLS settings, or nil for the defaults.
@@ -307,8 +311,8 @@ func (c *fileConfig) validate() error {
 			errs = append(errs, fmt.Errorf("upstreams[%d]: no name", i))
 		case seen[name]:
 			errs = append(errs, fmt.Errorf("upstreams[%d]: %s is configured twice", i, u.Name))
-		case len(u.Endpoints) == 0:
-			errs = append(errs, fmt.Errorf("upstream %s: no endpoints", u.Name))
+		case len(u.Endpoints) == 0 && !u.Offline && !c.Offline:
+			errs = append(errs, fmt.Errorf("upstream %s: no endpoints (an upstream served only from the store says offline: true)", u.Name))
 		}
 		if u.Auth.Type == "ecr" {
 			for _, e := range u.Endpoints {

@@ -138,7 +138,13 @@ func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, re
 		}
 		pins = append(pins, p)
 	}
-	policy := cfg.MaxSize.policy()
+	bound := cfg.MaxSize
+	if cfg.Offline && !bound.set {
+		// What is evicted offline could not be fetched again.
+		bound = storeBound{off: true, set: true}
+		log.Info("offline: nothing is evicted unless max_size is set")
+	}
+	policy := bound.policy()
 	policy.Pinned = pinnedDigests(store, pins)
 	store.SetEviction(policy)
 	for _, m := range []prometheus.Collector{
@@ -169,8 +175,8 @@ func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, re
 		}
 	}
 	bytes, blobs := store.Usage()
-	log.Info("store bound", "max_size", cfg.MaxSize.String(), "pinned_images", len(pins), "store_bytes", bytes, "store_blobs", blobs)
-	if cfg.MaxSize.off {
+	log.Info("store bound", "max_size", bound.String(), "pinned_images", len(pins), "store_bytes", bytes, "store_blobs", blobs)
+	if bound.off {
 		return func() {}, nil
 	}
 	done := make(chan struct{})

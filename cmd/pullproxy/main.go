@@ -102,6 +102,7 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	configPath := fs.String("config", "", "YAML configuration file")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (default info)")
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the run to this file, for go tool pprof")
+	offline := fs.Bool("offline", false, "never contact an upstream: serve what the store holds (an air-gapped site)")
 	maxSize := fs.String("max-size", "", "bound on the store: a size (100GiB), a percentage of the data dir's file system (80%), or off (default 85%)")
 	var ups upstreamFlags
 	fs.Var(&ups, "upstream", "NAME=URL[,URL...]: mirror registry NAME from these endpoints (repeatable)")
@@ -125,6 +126,9 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	}
 	if *logLevel != "" {
 		cfg.LogLevel = *logLevel
+	}
+	if *offline {
+		cfg.Offline = true
 	}
 	if *maxSize != "" {
 		b, err := parseStoreBound(*maxSize)
@@ -241,6 +245,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	transport := upstream.NewTransport()
 	var names []string
 	for _, u := range cfg.Upstreams {
+		upClients, _ := proxy.ParseClientList(u.AllowClients) // checked by validate
+		if cfg.Offline || u.Offline {
+			opts = append(opts, proxy.WithUpstream(proxy.Offline(u.Name)), proxy.WithUpstreamAllowedClients(u.Name, upClients))
+			names = append(names, u.Name+"=offline")
+			continue
+		}
 		creds, err := u.Auth.credentials(u.Name, log, upMetrics)
 		if err != nil {
 			return err
@@ -264,7 +274,6 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		upClients, _ := proxy.ParseClientList(u.AllowClients) // checked by validate
 		opts = append(opts, proxy.WithUpstream(r), proxy.WithUpstreamAllowedClients(u.Name, upClients))
 		names = append(names, u.Name+"="+strings.Join(r.Endpoints(), ","))
 	}
