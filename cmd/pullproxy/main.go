@@ -39,6 +39,8 @@ const usage = `pullproxy: an OCI pull-through mirror
 Usage:
   pullproxy serve [flags]   run the mirror
   pullproxy verify [flags]  re-hash the store and check it against its metadata (--repair fixes it)
+  pullproxy node-config --mirror URL [flags]
+                            write a node's containerd hosts.toml (or CRI-O registries.conf) for the mirror
   pullproxy version         print the version
 
 Run "pullproxy serve -h" for serve's flags.
@@ -69,6 +71,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return serve(ctx, args[1:], stderr)
 	case "verify":
 		return verify(ctx, args[1:], stdout, stderr)
+	case "node-config":
+		return nodeConfig(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "pullproxy", version)
 		return nil
