@@ -40,6 +40,7 @@ type fileConfig struct {
 	ScrubRate       *byteSize        `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
 	ScrubInterval   *time.Duration   `yaml:"scrub_interval"` // from one scrub pass's start to the next's
 	Offline         bool             `yaml:"offline"`        // never contact an upstream: serve what the store holds
+	AdminListen     string           `yaml:"admin_listen"`   // seeds and imports into the running server: host:port, unix:/path, or off; default 127.0.0.1:5001
 	MaxSize         storeBound       `yaml:"max_size"`       // a size, a percentage of the file system, or off; default 85%
 	Pin             []string         `yaml:"pin"`            // images never evicted
 	Fetch           fetchConfig      `yaml:"fetch"`

@@ -106,8 +106,9 @@ func TestMain(m *testing.M) {
 
 // proxyProcess is a running `pullproxy serve`.
 type proxyProcess struct {
-	URL string
-	cmd *exec.Cmd
+	URL      string
+	AdminURL string // the admin endpoint's
+	cmd      *exec.Cmd
 
 	mu  sync.Mutex
 	log strings.Builder // everything it logged
@@ -143,7 +144,8 @@ func startProxy(t *testing.T, args ...string) *proxyProcess {
 // startProxyEnv is startProxy with variables added to the environment.
 func startProxyEnv(t *testing.T, env []string, args ...string) *proxyProcess {
 	t.Helper()
-	cmd := exec.Command(pullproxyBin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
+	// The admin endpoint on a port of its own: tests run side by side.
+	cmd := exec.Command(pullproxyBin, append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -154,9 +156,10 @@ func startProxyEnv(t *testing.T, env []string, args ...string) *proxyProcess {
 	}
 	p := &proxyProcess{cmd: cmd}
 	t.Cleanup(p.stop)
-	addrc := make(chan string, 1)
+	addrc, adminc := make(chan string, 1), make(chan string, 1)
 	go func() {
 		addrRE := regexp.MustCompile(`msg="pullproxy serving".* addr=(\S+)`)
+		adminRE := regexp.MustCompile(`msg="admin endpoint \(seed\) listening".* addr=(\S+)`)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			p.mu.Lock()
@@ -164,6 +167,12 @@ func startProxyEnv(t *testing.T, env []string, args ...string) *proxyProcess {
 			p.mu.Unlock()
 			if m := addrRE.FindStringSubmatch(sc.Text()); m != nil {
 				addrc <- m[1]
+			}
+			if m := adminRE.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case adminc <- m[1]:
+				default:
+				}
 			}
 			if testing.Verbose() || strings.Contains(sc.Text(), "level=WARN") || strings.Contains(sc.Text(), "level=ERROR") {
 				t.Log("pullproxy: " + sc.Text())
@@ -173,6 +182,11 @@ func startProxyEnv(t *testing.T, env []string, args ...string) *proxyProcess {
 	select {
 	case addr := <-addrc:
 		p.URL = "http://" + addr
+		select {
+		case admin := <-adminc:
+			p.AdminURL = "http://" + admin
+		default:
+		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("pullproxy did not start within 30 s")
 	}

@@ -19,12 +19,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
 	"github.com/pullproxy/pullproxy/proxy"
 	"github.com/pullproxy/pullproxy/storage"
-	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // shutdownGrace bounds how long responses in progress may take to finish
@@ -39,6 +35,8 @@ const usage = `pullproxy: an OCI pull-through mirror
 Usage:
   pullproxy serve [flags]   run the mirror
   pullproxy verify [flags]  re-hash the store and check it against its metadata (--repair fixes it)
+  pullproxy seed [flags] REF...
+                            fetch images into the store before they are needed
   pullproxy node-config --mirror URL [flags]
                             write a node's containerd hosts.toml (or CRI-O registries.conf) for the mirror
   pullproxy version         print the version
@@ -49,7 +47,7 @@ Run "pullproxy serve -h" for serve's flags.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil && !errors.Is(err, flag.ErrHelp) {
 		code := 1
 		if ee := (*exitError)(nil); errors.As(err, &ee) {
 			code = ee.code
@@ -73,6 +71,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return verify(ctx, args[1:], stdout, stderr)
 	case "node-config":
 		return nodeConfig(args[1:], stdout, stderr)
+	case "seed":
+		return seed(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "pullproxy", version)
 		return nil
@@ -106,6 +106,7 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	configPath := fs.String("config", "", "YAML configuration file")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (default info)")
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the run to this file, for go tool pprof")
+	adminListen := fs.String("admin-listen", "", "address of the admin endpoint (seed): host:port, unix:/path, or off (default 127.0.0.1:5001)")
 	offline := fs.Bool("offline", false, "never contact an upstream: serve what the store holds (an air-gapped site)")
 	maxSize := fs.String("max-size", "", "bound on the store: a size (100GiB), a percentage of the data dir's file system (80%), or off (default 85%)")
 	var ups upstreamFlags
@@ -133,6 +134,9 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	}
 	if *offline {
 		cfg.Offline = true
+	}
+	if *adminListen != "" {
+		cfg.AdminListen = *adminListen
 	}
 	if *maxSize != "" {
 		b, err := parseStoreBound(*maxSize)
@@ -185,107 +189,16 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		defer stop()
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	upMetrics, err := upstream.NewMetrics(reg)
+	m, err := openMirror(ctx, cfg, log, requestLog, true)
 	if err != nil {
 		return err
 	}
-
-	store, err := storage.Open(ctx, cfg.DataDir, storage.WithLogger(log))
-	if err != nil {
-		return err
-	}
-	defer store.Close()
-	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_store_damaged_blobs_total",
-		Help: "Stored blobs found damaged on disk (wrong size or digest) and quarantined, to be fetched again."},
-		func() float64 { return float64(store.Damaged()) }))
-	evictCtx, stopEviction := context.WithCancel(ctx)
-	waitEviction, err := startEviction(evictCtx, cfg, store, reg, log)
-	if err != nil {
-		stopEviction()
-		return err
-	}
-	defer func() { stopEviction(); waitEviction() }()
-	if rate := int64(deref(cfg.ScrubRate)); rate > 0 {
-		sc := storage.NewScrubber(store, rate)
-		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_scrub_read_bytes_total",
-			Help: "Bytes the background scrub read to re-hash stored blobs."},
-			func() float64 { return float64(sc.Read()) }))
-		scrubCtx, stopScrub := context.WithCancel(ctx)
-		scrubDone := make(chan struct{})
-		go func() {
-			defer close(scrubDone)
-			runScrubs(scrubCtx, sc, deref(cfg.ScrubInterval), log)
-		}()
-		defer func() { stopScrub(); <-scrubDone }()
-	}
-
-	clients, _ := proxy.ParseClientList(cfg.AllowClients) // checked by validate
+	defer m.Close()
+	srv, names, maxConns := m.srv, m.names, m.maxConns
 	listenTLS, err := cfg.TLS.serverTLS(log)
 	if err != nil {
 		return err
 	}
-	maxConns := cfg.MaxClientConns
-	if maxConns == 0 {
-		maxConns = defaultMaxClientConnections()
-	}
-	opts := []proxy.Option{
-		proxy.WithStore(store),
-		proxy.WithLogger(log),
-		proxy.WithRequestLog(requestLog),
-		proxy.WithMetricsRegistry(reg),
-		proxy.WithTagTTL(*cfg.TagTTL),
-		proxy.WithNotFoundTTL(deref(cfg.NotFoundTTL)),
-		proxy.WithFetchTimeout(*cfg.FetchTimeout),
-		proxy.WithSendTimeout(deref(cfg.SendTimeout)),
-		proxy.WithMaxClientConnections(maxConns),
-		proxy.WithAllowedClients(clients),
-		proxy.WithBlobLoop(*cfg.BlobLoop),
-	}
-	if cfg.DefaultUpstream != "" {
-		opts = append(opts, proxy.WithDefaultUpstream(cfg.DefaultUpstream))
-	}
-	transport := upstream.NewTransport()
-	var names []string
-	for _, u := range cfg.Upstreams {
-		upClients, _ := proxy.ParseClientList(u.AllowClients) // checked by validate
-		if cfg.Offline || u.Offline {
-			opts = append(opts, proxy.WithUpstream(proxy.Offline(u.Name)), proxy.WithUpstreamAllowedClients(u.Name, upClients))
-			names = append(names, u.Name+"=offline")
-			continue
-		}
-		creds, err := u.Auth.credentials(u.Name, log, upMetrics)
-		if err != nil {
-			return err
-		}
-		tlsCfg, err := u.tlsConfig(log)
-		if err != nil {
-			return err
-		}
-		upOpts := []upstream.Option{upstream.WithLogger(log), upstream.WithMetrics(upMetrics),
-			upstream.WithTransport(transport), upstream.WithFetchConfig(cfg.Fetch.options()),
-			upstream.WithCredentials(creds), upstream.WithTLSConfig(tlsCfg),
-			upstream.WithTokenRealmHosts(u.TokenRealmHosts...), upstream.WithRedirectAllow(u.RedirectAllow...)}
-		var urls []string
-		for _, e := range u.Endpoints {
-			urls = append(urls, e.URL)
-			if e.Region != "" {
-				upOpts = append(upOpts, upstream.WithEndpointRegion(e.URL, e.Region))
-			}
-		}
-		r, err := upstream.New(u.Name, urls, upOpts...)
-		if err != nil {
-			return err
-		}
-		opts = append(opts, proxy.WithUpstream(r), proxy.WithUpstreamAllowedClients(u.Name, upClients))
-		names = append(names, u.Name+"="+strings.Join(r.Endpoints(), ","))
-	}
-	srv, err := proxy.New(opts...)
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -303,6 +216,29 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	adminAddr := cfg.AdminListen
+	if adminAddr == "" {
+		adminAddr = defaultAdminListen
+	}
+	adminLn, err := listenAdmin(adminAddr)
+	if err != nil && cfg.AdminListen == "" {
+		// Only the default: a second pullproxy on the host still serves.
+		log.Warn("no admin endpoint: its default address is taken", "err", err,
+			"fix", "set admin_listen (or --admin-listen) to another address, a unix socket, or off")
+		adminLn, err = nil, nil
+	}
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	if adminLn != nil {
+		admin := &http.Server{Handler: adminHandler(srv, log), ReadHeaderTimeout: 10 * time.Second,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		go admin.Serve(adminLn)
+		defer admin.Close()
+		log.Info("admin endpoint (seed) listening", "addr", adminLn.Addr().String())
+	}
+
 	log.Info("pullproxy serving", "version", version, "addr", ln.Addr().String(), "data_dir", cfg.DataDir,
 		"upstreams", names, "max_client_connections", maxConns, "scheme", scheme)
 

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pullproxy/pullproxy/proxy"
+)
+
+// The admin endpoint takes seeds (and imports) into a running server. It
+// listens apart from the registry API, on loopback or a unix socket by
+// default, so that nodes, which reach the registry listener, cannot fill
+// the store.
+
+// defaultAdminListen is where the admin endpoint listens unless told.
+const defaultAdminListen = "127.0.0.1:5001"
+
+// listenAdmin opens the admin listener: "off", "unix:/path", or host:port.
+// It returns nil for off.
+func listenAdmin(addr string) (net.Listener, error) {
+	switch {
+	case addr == "off":
+		return nil, nil
+	case strings.HasPrefix(addr, "unix:"):
+		path := strings.TrimPrefix(addr, "unix:")
+		os.Remove(path) // a socket left by a killed process
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, fmt.Errorf("admin_listen %s: %w", addr, err)
+		}
+		os.Chmod(path, 0o600) // the operator's, as root or the service's user
+		return ln, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin_listen %s: %w (set admin_listen: off, or another address)", addr, err)
+	}
+	return ln, nil
+}
+
+// adminHandler serves the admin endpoint over srv.
+func adminHandler(srv *proxy.Server, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /seed", func(w http.ResponseWriter, r *http.Request) {
+		var req seedRequest
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || len(req.Refs) == 0 {
+			http.Error(w, "want JSON: {\"refs\": [...], \"platforms\": [...], \"referrers\": bool}", http.StatusBadRequest)
+			return
+		}
+		log.Info("seeding through the admin endpoint", "refs", req.Refs, "platforms", req.Platforms, "referrers", req.Referrers)
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fw := flushWriter{w, http.NewResponseController(w)}
+		// The client reads the progress as it comes; a seed takes longer
+		// than any write timeout.
+		fw.rc.SetWriteDeadline(time.Time{})
+		if err := seedImages(r.Context(), srv, req, fw, false); err != nil {
+			fmt.Fprintln(fw, err)
+			return
+		}
+		fmt.Fprintln(fw, "done")
+	})
+	return mux
+}
+
+// flushWriter sends each write to the client at once.
+type flushWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (f flushWriter) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	f.rc.Flush()
+	return n, err
+}

@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/pullproxy/pullproxy/proxy"
+	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// mirror is a data dir opened with its upstreams and the registry server
+// over them: what serve listens with, and what seed and import work on
+// when no server runs on the data dir.
+type mirror struct {
+	store    *storage.Store
+	srv      *proxy.Server
+	reg      *prometheus.Registry
+	names    []string // upstreams, as logged: name=endpoints
+	maxConns int
+	closers  []func() // run in reverse by Close
+}
+
+// Close stops what openMirror started: the server's downloads, the
+// background work, then the store.
+func (m *mirror) Close() {
+	for i := len(m.closers) - 1; i >= 0; i-- {
+		m.closers[i]()
+	}
+}
+
+// openMirror opens cfg's data dir, sets its eviction bound, and builds the
+// server over cfg's upstreams. background starts the scrub too (a server's
+// work, not a command's).
+func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLog *proxy.RequestLog, background bool) (_ *mirror, err error) {
+	m := &mirror{reg: prometheus.NewRegistry()}
+	defer func() {
+		if err != nil {
+			m.Close()
+		}
+	}()
+	reg := m.reg
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	upMetrics, err := upstream.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	store, err := storage.Open(ctx, cfg.DataDir, storage.WithLogger(log))
+	if err != nil {
+		return nil, err
+	}
+	m.store = store
+	m.closers = append(m.closers, func() { store.Close() })
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_store_damaged_blobs_total",
+		Help: "Stored blobs found damaged on disk (wrong size or digest) and quarantined, to be fetched again."},
+		func() float64 { return float64(store.Damaged()) }))
+	evictCtx, stopEviction := context.WithCancel(ctx)
+	waitEviction, err := startEviction(evictCtx, cfg, store, reg, log)
+	if err != nil {
+		stopEviction()
+		return nil, err
+	}
+	m.closers = append(m.closers, func() { stopEviction(); waitEviction() })
+	if rate := int64(deref(cfg.ScrubRate)); rate > 0 && background {
+		sc := storage.NewScrubber(store, rate)
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_scrub_read_bytes_total",
+			Help: "Bytes the background scrub read to re-hash stored blobs."},
+			func() float64 { return float64(sc.Read()) }))
+		scrubCtx, stopScrub := context.WithCancel(ctx)
+		scrubDone := make(chan struct{})
+		go func() {
+			defer close(scrubDone)
+			runScrubs(scrubCtx, sc, deref(cfg.ScrubInterval), log)
+		}()
+		m.closers = append(m.closers, func() { stopScrub(); <-scrubDone })
+	}
+
+	clients, _ := proxy.ParseClientList(cfg.AllowClients) // checked by validate
+	m.maxConns = cfg.MaxClientConns
+	if m.maxConns == 0 {
+		m.maxConns = defaultMaxClientConnections()
+	}
+	opts := []proxy.Option{
+		proxy.WithStore(store),
+		proxy.WithLogger(log),
+		proxy.WithRequestLog(requestLog),
+		proxy.WithMetricsRegistry(reg),
+		proxy.WithTagTTL(*cfg.TagTTL),
+		proxy.WithNotFoundTTL(deref(cfg.NotFoundTTL)),
+		proxy.WithFetchTimeout(*cfg.FetchTimeout),
+		proxy.WithSendTimeout(deref(cfg.SendTimeout)),
+		proxy.WithMaxClientConnections(m.maxConns),
+		proxy.WithAllowedClients(clients),
+		proxy.WithBlobLoop(*cfg.BlobLoop),
+	}
+	if cfg.DefaultUpstream != "" {
+		opts = append(opts, proxy.WithDefaultUpstream(cfg.DefaultUpstream))
+	}
+	transport := upstream.NewTransport()
+	for _, u := range cfg.Upstreams {
+		upClients, _ := proxy.ParseClientList(u.AllowClients) // checked by validate
+		if cfg.Offline || u.Offline {
+			opts = append(opts, proxy.WithUpstream(proxy.Offline(u.Name)), proxy.WithUpstreamAllowedClients(u.Name, upClients))
+			m.names = append(m.names, u.Name+"=offline")
+			continue
+		}
+		creds, err := u.Auth.credentials(u.Name, log, upMetrics)
+		if err != nil {
+			return nil, err
+		}
+		tlsCfg, err := u.tlsConfig(log)
+		if err != nil {
+			return nil, err
+		}
+		upOpts := []upstream.Option{upstream.WithLogger(log), upstream.WithMetrics(upMetrics),
+			upstream.WithTransport(transport), upstream.WithFetchConfig(cfg.Fetch.options()),
+			upstream.WithCredentials(creds), upstream.WithTLSConfig(tlsCfg),
+			upstream.WithTokenRealmHosts(u.TokenRealmHosts...), upstream.WithRedirectAllow(u.RedirectAllow...)}
+		var urls []string
+		for _, e := range u.Endpoints {
+			urls = append(urls, e.URL)
+			if e.Region != "" {
+				upOpts = append(upOpts, upstream.WithEndpointRegion(e.URL, e.Region))
+			}
+		}
+		r, err := upstream.New(u.Name, urls, upOpts...)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, proxy.WithUpstream(r), proxy.WithUpstreamAllowedClients(u.Name, upClients))
+		m.names = append(m.names, u.Name+"="+strings.Join(r.Endpoints(), ","))
+	}
+	srv, err := proxy.New(opts...)
+	if err != nil {
+		return nil, err
+	}
+	m.srv = srv
+	m.closers = append(m.closers, func() { srv.Close() })
+	return m, nil
+}

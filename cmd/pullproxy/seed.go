@@ -1,0 +1,244 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/pullproxy/pullproxy/proxy"
+	"github.com/pullproxy/pullproxy/storage"
+)
+
+// seedRequest is what seed asks of a running server's admin endpoint.
+type seedRequest struct {
+	Refs      []string `json:"refs"`
+	Platforms []string `json:"platforms,omitempty"`
+	Referrers bool     `json:"referrers,omitempty"`
+}
+
+// seed runs `pullproxy seed`: it fetches images into the store before they
+// are needed, on a data dir no server runs on, or through a running
+// server's admin endpoint (--server).
+func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("seed", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	dataDir := fs.String("data-dir", "", "the data dir to seed, when no server runs on it (default: the config's, or ./data)")
+	configPath := fs.String("config", "", "YAML configuration file: upstreams, credentials, data_dir")
+	server := fs.String("server", "", "seed through a running pullproxy's admin endpoint instead (http://127.0.0.1:5001)")
+	platforms := fs.String("platform", "", "os/arch[/variant],... of an index's images to seed, or all (default: this machine's, linux/"+hostArch()+")")
+	referrers := fs.Bool("referrers", false, "seed what refers to the images too (signatures, SBOMs)")
+	file := fs.String("f", "", "a file of references, one per line (# comments)")
+	var ups upstreamFlags
+	fs.Var(&ups, "upstream", "NAME=URL[,URL...]: an upstream, as for serve (repeatable)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "usage: pullproxy seed [--platform os/arch,...|all] [--referrers] [--data-dir DIR | --server URL] REF... | -f FILE\n\n"+
+			"Fetches images into the store before they are needed. REF names the upstream first:\n"+
+			"docker.io/library/alpine:3.20, ghcr.io/org/app@sha256:...\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	refs := fs.Args()
+	if *file != "" {
+		more, err := readRefFile(*file)
+		if err != nil {
+			return err
+		}
+		refs = append(refs, more...)
+	}
+	if len(refs) == 0 {
+		fs.Usage()
+		return errors.New("seed: no image given")
+	}
+	req := seedRequest{Refs: refs, Referrers: *referrers}
+	switch *platforms {
+	case "all":
+	case "":
+		req.Platforms = []string{"linux/" + hostArch()}
+	default:
+		req.Platforms = strings.Split(*platforms, ",")
+	}
+	if *server != "" {
+		return seedThroughServer(ctx, *server, req, stdout)
+	}
+
+	cfg := defaultConfig()
+	if *configPath != "" {
+		if err := loadConfigFile(*configPath, &cfg); err != nil {
+			return err
+		}
+	}
+	if *dataDir != "" {
+		cfg.DataDir = *dataDir
+	}
+	cfg.Upstreams = withDefaultUpstreams(mergeUpstreams(cfg.Upstreams, ups))
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		return err
+	}
+	log = slog.New(levelFloor{log.Handler(), slog.LevelWarn}) // the progress says the rest
+	m, err := openMirror(ctx, cfg, log, nil, false)
+	if errors.Is(err, storage.ErrInUse) {
+		return fmt.Errorf("%w; seed through it instead: pullproxy seed --server http://127.0.0.1:5001 ...", err)
+	}
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return seedImages(ctx, m.srv, req, stdout, isTerminal(stdout))
+}
+
+// seedImages seeds each image of req into srv's store, reporting progress
+// to out: a line redrawn in place on a terminal, else a line now and then.
+func seedImages(ctx context.Context, srv *proxy.Server, req seedRequest, out io.Writer, terminal bool) error {
+	failed := 0
+	for _, ref := range req.Refs {
+		img, err := parsePin(ref)
+		if err != nil {
+			fmt.Fprintf(out, "error %s: %v\n", ref, err)
+			failed++
+			continue
+		}
+		progress := &proxy.SeedProgress{}
+		start := time.Now()
+		done := make(chan struct{})
+		go reportSeedProgress(ref, progress, start, out, terminal, done)
+		d, err := srv.Seed(ctx, img.upstream, img.repo, img.ref, proxy.SeedOptions{
+			Platforms: req.Platforms, Referrers: req.Referrers, Progress: progress})
+		close(done)
+		if err != nil {
+			fmt.Fprintf(out, "error %s: %v\n", ref, err)
+			failed++
+			continue
+		}
+		fmt.Fprintf(out, "seeded %s %s: %d blobs, %s in %s\n", ref, d, progress.BlobsDone.Load(),
+			humanBytes(progress.BytesTotal.Load()), time.Since(start).Round(time.Millisecond))
+	}
+	if failed > 0 {
+		return fmt.Errorf("seed: %d of %d images failed", failed, len(req.Refs))
+	}
+	return nil
+}
+
+// reportSeedProgress shows an image's progress until done: every second,
+// redrawn, on a terminal; every ten seconds, a line, otherwise.
+func reportSeedProgress(ref string, p *proxy.SeedProgress, start time.Time, out io.Writer, terminal bool, done <-chan struct{}) {
+	every := 10 * time.Second
+	if terminal {
+		every = time.Second
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			if terminal {
+				fmt.Fprint(out, "\r\033[K")
+			}
+			return
+		case <-t.C:
+		}
+		got, total := p.BytesDone.Load(), p.BytesTotal.Load()
+		elapsed := time.Since(start).Seconds()
+		rate := float64(got) / max(elapsed, 1e-3)
+		eta := "?"
+		if rate > 0 && total > got {
+			eta = (time.Duration(float64(total-got)/rate) * time.Second).Round(time.Second).String()
+		}
+		line := fmt.Sprintf("seeding %s: %s of %s, blobs %d/%d, %s/s, ETA %s", ref, humanBytes(got), humanBytes(total),
+			p.BlobsDone.Load(), p.BlobsTotal.Load(), humanBytes(int64(rate)), eta)
+		if terminal {
+			fmt.Fprint(out, "\r\033[K"+line)
+		} else {
+			fmt.Fprintln(out, line)
+		}
+	}
+}
+
+// seedThroughServer asks a running server's admin endpoint to seed, and
+// copies what it reports to out.
+func seedThroughServer(ctx context.Context, server string, req seedRequest, out io.Writer) error {
+	body, _ := json.Marshal(req)
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(server, "/")+"/seed", strings.NewReader(string(body)))
+	if err != nil {
+		return fmt.Errorf("seed: --server %q: %w", server, err)
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("seed: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("seed: the admin endpoint answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	ok := false
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "done" {
+			ok = true
+			continue
+		}
+		fmt.Fprintln(out, line)
+	}
+	if !ok {
+		return errors.New("seed: some images failed, or the server stopped before the end")
+	}
+	return nil
+}
+
+// readRefFile reads references, one per line; blank lines and # comments
+// are skipped.
+func readRefFile(path string) ([]string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("seed: %w", err)
+	}
+	var refs []string
+	for line := range strings.Lines(string(b)) {
+		line, _, _ = strings.Cut(line, "#")
+		if line = strings.TrimSpace(line); line != "" {
+			refs = append(refs, line)
+		}
+	}
+	return refs, nil
+}
+
+// levelFloor drops records below its level: a command's output is its
+// progress, with only warnings and errors of the log.
+type levelFloor struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// hostArch is this machine's architecture, as image indexes name it.
+func hostArch() string { return runtime.GOARCH }
