@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -81,6 +82,13 @@ func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (sto
 	if cached && (time.Since(rec.CheckedAt) < s.tagTTL || isOffline(rt.up)) {
 		return rec, sourceCache, nil
 	}
+	if !cached && key != "" && isOffline(rt.up) {
+		// Offline, a page never asked for is cut from the whole list, if
+		// that is known (an import records it).
+		if whole, err := s.tags.TagList(ctx, name, rt.repo, ""); err == nil {
+			return pageOf(whole, n, last), sourceCache, nil
+		}
+	}
 	v, err, _ := s.shared(ctx, "tags "+name+"/"+rt.repo+"?"+key, func(ctx context.Context) (any, error) {
 		page, err := rt.up.ListTags(ctx, rt.repo, n, last)
 		if err != nil {
@@ -102,6 +110,25 @@ func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (sto
 		return rec, sourceCache, nil
 	}
 	return storage.TagListRecord{}, "", err
+}
+
+// pageOf cuts the page n (0: all) after last out of a whole tag list,
+// in the order the list gives.
+func pageOf(whole storage.TagListRecord, n int, last string) storage.TagListRecord {
+	tags := whole.Tags
+	if last != "" {
+		if i := slices.Index(tags, last); i >= 0 {
+			tags = tags[i+1:]
+		} else {
+			tags = slices.DeleteFunc(slices.Clone(tags), func(t string) bool { return t <= last })
+		}
+	}
+	page := storage.TagListRecord{Tags: tags, CheckedAt: whole.CheckedAt}
+	if n > 0 && len(tags) > n {
+		page.Tags = tags[:n]
+		page.Next = url.Values{"n": {strconv.Itoa(n)}, "last": {tags[n-1]}}.Encode()
+	}
+	return page
 }
 
 // maxCatalogPage bounds a catalog page when the client gives no n.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pullproxy/pullproxy/storage"
 )
 
 type tagList struct {
@@ -104,5 +106,26 @@ func TestCatalog(t *testing.T) {
 	resp, c = get(strings.TrimSuffix(strings.TrimPrefix(link, "<"), `>; rel="next"`))
 	if strings.Join(c.Repositories, " ") != want[1] || resp.Header.Get("Link") != "" {
 		t.Errorf("second page: %v, Link %q", c.Repositories, resp.Header.Get("Link"))
+	}
+}
+
+func TestPageOf(t *testing.T) {
+	t.Parallel()
+	whole := storage.TagListRecord{Tags: []string{"1.0", "1.1", "2.0", "latest"}}
+	for _, tt := range []struct {
+		n          int
+		last, want string
+		next       string
+	}{
+		{0, "", "1.0,1.1,2.0,latest", ""},
+		{2, "", "1.0,1.1", "last=1.1&n=2"},
+		{2, "1.1", "2.0,latest", ""},
+		{3, "1.05", "1.1,2.0,latest", ""}, // a last not in the list: what sorts after it
+		{1, "latest", "", ""},
+	} {
+		got := pageOf(whole, tt.n, tt.last)
+		if strings.Join(got.Tags, ",") != tt.want || got.Next != tt.next {
+			t.Errorf("pageOf(n=%d, last=%q) = %v next %q; want %s next %q", tt.n, tt.last, got.Tags, got.Next, tt.want, tt.next)
+		}
 	}
 }

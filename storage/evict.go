@@ -395,3 +395,18 @@ func openBlobs(blobsDir string) map[string]bool {
 	}
 	return out
 }
+
+// RemoveBlobs removes blobs from the store, files and records, as an
+// eviction does: an import that failed half-way takes back what it added.
+func (s *Store) RemoveBlobs(ctx context.Context, ds []digest.Digest) error {
+	batch := make([]evictionCandidate, 0, len(ds))
+	for _, d := range ds {
+		if validate(d) == nil {
+			batch = append(batch, evictionCandidate{d: d})
+		}
+	}
+	s.evictMu.Lock()
+	defer s.evictMu.Unlock()
+	_, _, err := s.evictBatch(batch)
+	return err
+}

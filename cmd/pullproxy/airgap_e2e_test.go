@@ -1,10 +1,13 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -117,5 +120,161 @@ func TestSeedThenServeOffline(t *testing.T) {
 	}
 	if out, err := d.ContentFetch(ctx, hostsDir, host+"/app/small:v1"); err == nil {
 		t.Errorf("an image never seeded into this data dir was pulled offline:\n%s", out)
+	}
+}
+
+// TestExportImportOffline: an image exported from one data dir (fetched
+// into it as it is exported), and another written by `crane pull`, are
+// imported into a fresh data dir; a truncated archive is refused and
+// leaves the store as it was; skopeo reads the export; then, with no
+// upstream reachable, pullproxy serves both --offline: containerd,
+// configured by node-config, pulls them, and crane ls lists the tags.
+func TestExportImportOffline(t *testing.T) {
+	ok, reason := containerdtest.Available()
+	requireTool(t, ok, reason)
+	requireTools(t, "crane", "skopeo")
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	reg := startRegistry(t)
+	big, err := reg.Push(ctx, registrytest.Image{Repo: "app/big", Tag: "v1", Seed: 81, Index: true,
+		LayerSizes: []int64{3 << 20, 200 << 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := reg.Push(ctx, registrytest.Image{Repo: "app/small", Tag: "v2", Seed: 82, LayerSizes: []int64{50 << 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const host = "registry.test"
+	regHost := reg.Host() // crane names what it pulls by where it pulled it from
+	dir := t.TempDir()
+
+	exported := filepath.Join(dir, "big.tar")
+	out, err := runPullproxy(ctx, t, "export", "--data-dir", filepath.Join(dir, "source"), "--upstream", host+"="+reg.URL(),
+		"-o", exported, host+"/app/big:v1")
+	if err != nil || !strings.Contains(out, "exported "+host+"/app/big:v1 "+big.Index.Digest.String()) {
+		t.Fatalf("export: %v\n%s", err, out)
+	}
+	if out, err := exec.CommandContext(ctx, "skopeo", "inspect", "--raw", "oci-archive:"+exported).CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), big.Manifest.Digest.String()) {
+		t.Errorf("skopeo reading the export: %v\n%s", err, out)
+	}
+	cranePulled := filepath.Join(dir, "small.tar")
+	if out, err := exec.CommandContext(ctx, "crane", "pull", "--insecure", "--format", "tarball",
+		regHost+"/app/small:v2", cranePulled).CombinedOutput(); err != nil {
+		t.Fatalf("crane pull: %v\n%s", err, out)
+	}
+
+	// A truncated archive: refused, naming what is wrong, the store unchanged.
+	data := filepath.Join(dir, "site")
+	b, err := os.ReadFile(exported)
+	if err != nil {
+		t.Fatal(err)
+	}
+	truncated := filepath.Join(dir, "truncated.tar")
+	if err := os.WriteFile(truncated, b[:len(b)*2/3], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runPullproxy(ctx, t, "import", "--data-dir", data, truncated); err == nil || !strings.Contains(out, "entry") {
+		t.Errorf("a truncated archive: %v, want it refused naming the entry\n%s", err, out)
+	}
+	if n := blobsOnDisk(t, data); n != 0 {
+		t.Errorf("a refused archive left %d bytes of blobs in the store", n)
+	}
+
+	// A layer altered inside an intact tar: refused, naming the entry,
+	// and what the archive had added taken back.
+	corrupt := filepath.Join(dir, "corrupt.tar")
+	entry := "blobs/sha256/" + big.Layers[0].Digest.Encoded()
+	rewriteTar(t, exported, corrupt, entry)
+	if out, err := runPullproxy(ctx, t, "import", "--data-dir", data, corrupt); err == nil || !strings.Contains(out, entry) {
+		t.Errorf("an altered layer: %v, want it refused naming %s\n%s", err, entry, out)
+	}
+	if n := blobsOnDisk(t, data); n != 0 {
+		t.Errorf("a refused archive left %d bytes of blobs in the store", n)
+	}
+
+	out, err = runPullproxy(ctx, t, "import", "--data-dir", data, exported, cranePulled)
+	if err != nil || !strings.Contains(out, "imported "+host+"/app/big:v1") || !strings.Contains(out, "imported "+regHost+"/app/small:v2") {
+		t.Fatalf("import: %v\n%s", err, out)
+	}
+	if code, out := runVerify(t, "--data-dir", data); code != 0 {
+		t.Errorf("verify after the imports: exit %d\n%s", code, out)
+	}
+
+	reg.Close()
+	p := startProxy(t, "--data-dir", data, "--offline", "--upstream", host+"=http://127.0.0.1:1", "--upstream", regHost+"=http://127.0.0.1:1")
+	hostsDir := t.TempDir()
+	if out, err := runPullproxy(ctx, t, "node-config", "--mirror", p.URL, "--registry", host+","+regHost, "--no-fallback", "--dir", hostsDir); err != nil {
+		t.Fatalf("node-config: %v\n%s", err, out)
+	}
+	d, err := containerdtest.Start(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Stop() })
+	for _, ref := range []string{host + "/app/big:v1", regHost + "/app/small:v2"} {
+		if out, err := d.ContentFetch(ctx, hostsDir, ref); err != nil {
+			t.Errorf("containerd pulling %s offline: %v\n%s", ref, err, out)
+		}
+	}
+	have, err := d.ContentDigests(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A docker-save tar keeps configs, not manifests or compressed layers:
+	// the image is the same one (its config), its layers compressed anew.
+	for _, d := range []registrytest.Descriptor{big.Layers[0], big.Layers[1], big.Config, small.Config} {
+		if !slices.Contains(have, d.Digest.String()) {
+			t.Errorf("containerd lacks %s", d.Digest)
+		}
+	}
+	if out, err := exec.CommandContext(ctx, "crane", "ls", "--insecure", strings.TrimPrefix(p.URL, "http://")+"/"+host+"/app/big").CombinedOutput(); err != nil ||
+		strings.TrimSpace(string(out)) != "v1" {
+		t.Errorf("crane ls offline: %v\n%s", err, out)
+	}
+}
+
+// rewriteTar copies the tar src to dst with one byte of entry flipped.
+func rewriteTar(t *testing.T, src, dst, entry string) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	tr, tw := tar.NewReader(in), tar.NewWriter(out)
+	found := false
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hdr.Name == entry {
+			b[len(b)/2] ^= 1
+			found = true
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(b)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !found {
+		t.Fatalf("%s has no entry %s", src, entry)
 	}
 }

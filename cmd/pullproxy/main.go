@@ -37,6 +37,10 @@ Usage:
   pullproxy verify [flags]  re-hash the store and check it against its metadata (--repair fixes it)
   pullproxy seed [flags] REF...
                             fetch images into the store before they are needed
+  pullproxy export -o FILE.tar REF...
+                            write an OCI image-layout archive of images, from the store
+  pullproxy import FILE.tar...
+                            load OCI-layout archives and docker-save tars into the store
   pullproxy node-config --mirror URL [flags]
                             write a node's containerd hosts.toml (or CRI-O registries.conf) for the mirror
   pullproxy version         print the version
@@ -73,6 +77,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nodeConfig(args[1:], stdout, stderr)
 	case "seed":
 		return seed(ctx, args[1:], stdout, stderr)
+	case "export":
+		return export(ctx, args[1:], stdout, stderr)
+	case "import":
+		return importArchives(ctx, args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "pullproxy", version)
 		return nil

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/pullproxy/pullproxy/storage"
+)
+
+// archiveFlags are the flags export and import share with seed: where the
+// data dir and the upstreams are.
+type archiveFlags struct {
+	dataDir, configPath string
+	ups                 upstreamFlags
+}
+
+func (a *archiveFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&a.dataDir, "data-dir", "", "the data dir, when no server runs on it (default: the config's, or ./data)")
+	fs.StringVar(&a.configPath, "config", "", "YAML configuration file: upstreams, credentials, data_dir")
+	fs.Var(&a.ups, "upstream", "NAME=URL[,URL...]: an upstream, as for serve (repeatable)")
+}
+
+func (a *archiveFlags) config() (fileConfig, error) {
+	cfg := defaultConfig()
+	if a.configPath != "" {
+		if err := loadConfigFile(a.configPath, &cfg); err != nil {
+			return cfg, err
+		}
+	}
+	if a.dataDir != "" {
+		cfg.DataDir = a.dataDir
+	}
+	cfg.Upstreams = withDefaultUpstreams(mergeUpstreams(cfg.Upstreams, a.ups))
+	return cfg, cfg.validate()
+}
+
+// openCommandMirror opens the data dir for a command, quietly: the
+// command's output says what it does.
+func openCommandMirror(ctx context.Context, cfg fileConfig, stderr io.Writer) (*mirror, error) {
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		return nil, err
+	}
+	log = slog.New(levelFloor{log.Handler(), slog.LevelWarn})
+	m, err := openMirror(ctx, cfg, log, nil, false)
+	if errors.Is(err, storage.ErrInUse) {
+		return nil, fmt.Errorf("%w; stop the server first", err)
+	}
+	return m, err
+}
+
+// export runs `pullproxy export`: an OCI image-layout archive of images,
+// from the store, fetched first where the store lacks them.
+func export(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("export", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var af archiveFlags
+	af.register(fs)
+	out := fs.String("o", "", "the archive to write (an OCI image layout as a tar)")
+	fs.Usage = func() {
+		fmt.Fprint(stderr, "usage: pullproxy export -o FILE.tar [--data-dir DIR | --config FILE] REF...\n\n"+
+			"Writes an OCI image-layout archive of the images, every platform, from the store (fetching what\n"+
+			"it lacks), each tagged with its full reference (org.opencontainers.image.ref.name). skopeo\n"+
+			"(oci-archive:), crane and ctr image import read it; pullproxy import loads it elsewhere.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *out == "" || fs.NArg() == 0 {
+		fs.Usage()
+		return errors.New("export: want -o FILE.tar and at least one image")
+	}
+	var pins []pinnedImage
+	for _, ref := range fs.Args() {
+		p, err := parsePin(ref)
+		if err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+		pins = append(pins, p)
+	}
+	cfg, err := af.config()
+	if err != nil {
+		return err
+	}
+	m, err := openCommandMirror(ctx, cfg, stderr)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+
+	// The images are read through the mirror's own registry API, on a
+	// loopback port of this process: the same requests, checks and
+	// fetching as a client's pull.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	hs := &http.Server{Handler: m.srv, ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(ln)
+	defer hs.Close()
+
+	dir, err := os.MkdirTemp(filepath.Dir(*out), ".pullproxy-export-*")
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	lp, err := layout.Write(dir, empty.Index)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	for i, p := range pins {
+		ref, err := name.ParseReference(ln.Addr().String()+"/"+p.repo+refSeparator(p.ref)+p.ref, name.Insecure)
+		if err != nil {
+			return fmt.Errorf("export %s: %w", fs.Arg(i), err)
+		}
+		desc, err := remote.Get(ref, remote.WithContext(ctx), remote.WithTransport(nsTransport{p.upstream, http.DefaultTransport}))
+		if err != nil {
+			return fmt.Errorf("export %s: %w", fs.Arg(i), err)
+		}
+		full := p.upstream + "/" + p.repo + refSeparator(p.ref) + p.ref
+		opt := layout.WithAnnotations(map[string]string{ocispec.AnnotationRefName: full})
+		if desc.MediaType.IsIndex() {
+			idx, err := desc.ImageIndex()
+			if err == nil {
+				err = lp.AppendIndex(idx, opt)
+			}
+			if err != nil {
+				return fmt.Errorf("export %s: %w", full, err)
+			}
+		} else {
+			img, err := desc.Image()
+			if err == nil {
+				err = lp.AppendImage(img, opt)
+			}
+			if err != nil {
+				return fmt.Errorf("export %s: %w", full, err)
+			}
+		}
+		fmt.Fprintf(stdout, "exported %s %s\n", full, desc.Digest)
+	}
+	if err := tarDir(dir, *out); err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	fmt.Fprintf(stdout, "wrote %s\n", *out)
+	return nil
+}
+
+func refSeparator(ref string) string {
+	if strings.Contains(ref, ":") {
+		return "@"
+	}
+	return ":"
+}
+
+// tarDir writes the files under dir into a tar at path, replacing it
+// whole once written: an OCI image layout as an archive (oci-archive).
+func tarDir(dir, path string) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".pullproxy-tar-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
+	tw := tar.NewWriter(tmp)
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		hdr, err := tar.FileInfoHeader(fi, "")
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		hdr.Name = filepath.ToSlash(rel)
+		if d.IsDir() {
+			hdr.Name += "/"
+		}
+		hdr.ModTime, hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = time.Unix(0, 0), 0, 0, "", ""
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_, err = io.Copy(tw, f)
+		return err
+	})
+	if err == nil {
+		err = tw.Close()
+	}
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	return err
+}
+
+// digestOf converts a go-containerregistry hash.
+func digestOf(h v1.Hash) digest.Digest { return digest.Digest(h.String()) }
+
+// nsTransport names the upstream of every request in containerd's ns
+// parameter, as pullproxy routes them.
+type nsTransport struct {
+	upstream string
+	next     http.RoundTripper
+}
+
+func (t nsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	q := r.URL.Query()
+	q.Set("ns", t.upstream)
+	r.URL.RawQuery = q.Encode()
+	return t.next.RoundTrip(r)
+}
