@@ -10,8 +10,6 @@ import (
 	"os"
 	"strings"
 	"time"
-
-	"github.com/pullproxy/pullproxy/proxy"
 )
 
 // The admin endpoint takes seeds (and imports) into a running server. It
@@ -45,9 +43,43 @@ func listenAdmin(addr string) (net.Listener, error) {
 	return ln, nil
 }
 
-// adminHandler serves the admin endpoint over srv.
-func adminHandler(srv *proxy.Server, log *slog.Logger) http.Handler {
+// adminHandler serves the admin endpoint over m, whose data dir is dataDir.
+func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
+	srv := m.srv
 	mux := http.NewServeMux()
+	mux.HandleFunc("POST /import", func(w http.ResponseWriter, r *http.Request) {
+		// The archive is kept beside the store first: reading an image
+		// layout needs random access.
+		tmp, err := os.CreateTemp(dataDir, ".import-upload-*")
+		if err != nil {
+			http.Error(w, "import: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer os.Remove(tmp.Name())
+		_, err = io.Copy(tmp, r.Body)
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			http.Error(w, "import: receiving the archive: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		name := r.URL.Query().Get("name")
+		if name == "" {
+			name = "the archive"
+		}
+		log.Info("importing through the admin endpoint", "archive", name)
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		imp := &importer{store: m.store, file: tmp.Name()}
+		if err := imp.run(r.Context(), dataDir); err != nil {
+			fmt.Fprintf(w, "error %s: %v\n", name, err)
+			return
+		}
+		for _, t := range imp.tagged {
+			fmt.Fprintf(w, "imported %s %s\n", t.ref, t.digest)
+		}
+		fmt.Fprintf(w, "imported %s: %d images, %d blobs added, %s\ndone\n", name, len(imp.tagged), len(imp.added), humanBytes(imp.bytes))
+	})
 	mux.HandleFunc("POST /seed", func(w http.ResponseWriter, r *http.Request) {
 		var req seedRequest
 		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || len(req.Refs) == 0 {

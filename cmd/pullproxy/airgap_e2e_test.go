@@ -51,10 +51,10 @@ func TestSeedThenServeOffline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := incidentCarrier(t, reg.Host(), carrier.Reset, 64e6, 0)
+	path := cuttingCarrier(t, reg.Host())
 	const host = "registry.test:5000"
 	data := filepath.Join(t.TempDir(), "data")
-	config := writeConfig(t, fmt.Sprintf("fetch:\n  connection_budget: 4MiB\n  max_connections: 8\n  stall_timeout: 1s\n"+
+	config := writeConfig(t, fmt.Sprintf("fetch:\n  connection_budget: 4MiB\n  parallel_chunks: 1\n  stall_timeout: 1s\n"+
 		"upstreams:\n  - name: %s\n    endpoints: [{url: %q}]\n", host, path.URL()))
 
 	// Into a data dir, through the carrier.
@@ -123,12 +123,14 @@ func TestSeedThenServeOffline(t *testing.T) {
 	}
 }
 
-// TestExportImportOffline: an image exported from one data dir (fetched
-// into it as it is exported), and another written by `crane pull`, are
-// imported into a fresh data dir; a truncated archive is refused and
-// leaves the store as it was; skopeo reads the export; then, with no
-// upstream reachable, pullproxy serves both --offline: containerd,
-// configured by node-config, pulls them, and crane ls lists the tags.
+// TestExportImportOffline is the air-gapped site's path: an image seeded
+// through the incident's carrier is exported from the store with its
+// upstream gone, the archive read by skopeo, and imported into a fresh
+// data dir (a truncated or altered archive is refused and leaves the
+// store as it was); an image written by `crane pull` is imported into the
+// running offline server through its admin endpoint; then, with no
+// upstream reachable, containerd configured by node-config pulls both,
+// and crane ls lists the imported tags.
 func TestExportImportOffline(t *testing.T) {
 	ok, reason := containerdtest.Available()
 	requireTool(t, ok, reason)
@@ -137,7 +139,7 @@ func TestExportImportOffline(t *testing.T) {
 	defer cancel()
 	reg := startRegistry(t)
 	big, err := reg.Push(ctx, registrytest.Image{Repo: "app/big", Tag: "v1", Seed: 81, Index: true,
-		LayerSizes: []int64{3 << 20, 200 << 10}})
+		LayerSizes: []int64{16 << 20, 200 << 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,10 +150,27 @@ func TestExportImportOffline(t *testing.T) {
 	const host = "registry.test"
 	regHost := reg.Host() // crane names what it pulls by where it pulled it from
 	dir := t.TempDir()
+	cranePulled := filepath.Join(dir, "small.tar")
+	if out, err := exec.CommandContext(ctx, "crane", "pull", "--insecure", "--format", "tarball",
+		regHost+"/app/small:v2", cranePulled).CombinedOutput(); err != nil {
+		t.Fatalf("crane pull: %v\n%s", err, out)
+	}
 
+	// Seeded through the carrier, then exported with the upstream gone.
+	path := cuttingCarrier(t, reg.Host())
+	config := writeConfig(t, fmt.Sprintf("fetch:\n  connection_budget: 4MiB\n  parallel_chunks: 1\n  stall_timeout: 1s\n"+
+		"upstreams:\n  - name: %s\n    endpoints: [{url: %q}]\n", host, path.URL()))
+	source := filepath.Join(dir, "source")
+	if out, err := runPullproxy(ctx, t, "seed", "--data-dir", source, "--config", config, host+"/app/big:v1"); err != nil {
+		t.Fatalf("seed through the carrier: %v\n%s", err, out)
+	}
+	if path.Stats().Cut == 0 {
+		t.Error("the carrier cut no session")
+	}
+	path.Close()
+	reg.Close()
 	exported := filepath.Join(dir, "big.tar")
-	out, err := runPullproxy(ctx, t, "export", "--data-dir", filepath.Join(dir, "source"), "--upstream", host+"="+reg.URL(),
-		"-o", exported, host+"/app/big:v1")
+	out, err := runPullproxy(ctx, t, "export", "--data-dir", source, "--config", config, "-o", exported, host+"/app/big:v1")
 	if err != nil || !strings.Contains(out, "exported "+host+"/app/big:v1 "+big.Index.Digest.String()) {
 		t.Fatalf("export: %v\n%s", err, out)
 	}
@@ -159,13 +178,9 @@ func TestExportImportOffline(t *testing.T) {
 		!strings.Contains(string(out), big.Manifest.Digest.String()) {
 		t.Errorf("skopeo reading the export: %v\n%s", err, out)
 	}
-	cranePulled := filepath.Join(dir, "small.tar")
-	if out, err := exec.CommandContext(ctx, "crane", "pull", "--insecure", "--format", "tarball",
-		regHost+"/app/small:v2", cranePulled).CombinedOutput(); err != nil {
-		t.Fatalf("crane pull: %v\n%s", err, out)
-	}
 
-	// A truncated archive: refused, naming what is wrong, the store unchanged.
+	// A truncated archive, and a layer altered inside an intact tar:
+	// refused, naming the entry, the store as it was.
 	data := filepath.Join(dir, "site")
 	b, err := os.ReadFile(exported)
 	if err != nil {
@@ -175,35 +190,28 @@ func TestExportImportOffline(t *testing.T) {
 	if err := os.WriteFile(truncated, b[:len(b)*2/3], 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := runPullproxy(ctx, t, "import", "--data-dir", data, truncated); err == nil || !strings.Contains(out, "entry") {
-		t.Errorf("a truncated archive: %v, want it refused naming the entry\n%s", err, out)
-	}
-	if n := blobsOnDisk(t, data); n != 0 {
-		t.Errorf("a refused archive left %d bytes of blobs in the store", n)
-	}
-
-	// A layer altered inside an intact tar: refused, naming the entry,
-	// and what the archive had added taken back.
 	corrupt := filepath.Join(dir, "corrupt.tar")
 	entry := "blobs/sha256/" + big.Layers[0].Digest.Encoded()
 	rewriteTar(t, exported, corrupt, entry)
-	if out, err := runPullproxy(ctx, t, "import", "--data-dir", data, corrupt); err == nil || !strings.Contains(out, entry) {
-		t.Errorf("an altered layer: %v, want it refused naming %s\n%s", err, entry, out)
-	}
-	if n := blobsOnDisk(t, data); n != 0 {
-		t.Errorf("a refused archive left %d bytes of blobs in the store", n)
+	for _, tc := range []struct{ file, names string }{{truncated, "entry"}, {corrupt, entry}} {
+		if out, err := runPullproxy(ctx, t, "import", "--data-dir", data, tc.file); err == nil || !strings.Contains(out, tc.names) {
+			t.Errorf("%s: %v, want it refused naming %s\n%s", filepath.Base(tc.file), err, tc.names, out)
+		}
+		if n := blobsOnDisk(t, data); n != 0 {
+			t.Errorf("%s was refused but left %d bytes of blobs in the store", filepath.Base(tc.file), n)
+		}
 	}
 
-	out, err = runPullproxy(ctx, t, "import", "--data-dir", data, exported, cranePulled)
-	if err != nil || !strings.Contains(out, "imported "+host+"/app/big:v1") || !strings.Contains(out, "imported "+regHost+"/app/small:v2") {
+	out, err = runPullproxy(ctx, t, "import", "--data-dir", data, exported)
+	if err != nil || !strings.Contains(out, "imported "+host+"/app/big:v1") {
 		t.Fatalf("import: %v\n%s", err, out)
 	}
-	if code, out := runVerify(t, "--data-dir", data); code != 0 {
-		t.Errorf("verify after the imports: exit %d\n%s", code, out)
+	p := startProxy(t, "--data-dir", data, "--offline", "--upstream", host+"=http://127.0.0.1:1", "--upstream", regHost+"=http://127.0.0.1:1")
+	out, err = runPullproxy(ctx, t, "import", "--server", p.AdminURL, cranePulled)
+	if err != nil || !strings.Contains(out, "imported "+regHost+"/app/small:v2") {
+		t.Fatalf("import through the admin endpoint: %v\n%s", err, out)
 	}
 
-	reg.Close()
-	p := startProxy(t, "--data-dir", data, "--offline", "--upstream", host+"=http://127.0.0.1:1", "--upstream", regHost+"=http://127.0.0.1:1")
 	hostsDir := t.TempDir()
 	if out, err := runPullproxy(ctx, t, "node-config", "--mirror", p.URL, "--registry", host+","+regHost, "--no-fallback", "--dir", hostsDir); err != nil {
 		t.Fatalf("node-config: %v\n%s", err, out)
@@ -232,6 +240,10 @@ func TestExportImportOffline(t *testing.T) {
 	if out, err := exec.CommandContext(ctx, "crane", "ls", "--insecure", strings.TrimPrefix(p.URL, "http://")+"/"+host+"/app/big").CombinedOutput(); err != nil ||
 		strings.TrimSpace(string(out)) != "v1" {
 		t.Errorf("crane ls offline: %v\n%s", err, out)
+	}
+	p.stop()
+	if code, out := runVerify(t, "--data-dir", data); code != 0 {
+		t.Errorf("verify at the end: exit %d\n%s", code, out)
 	}
 }
 
@@ -277,4 +289,17 @@ func rewriteTar(t *testing.T, src, dst, entry string) {
 	if !found {
 		t.Fatalf("%s has no entry %s", src, entry)
 	}
+}
+
+// cuttingCarrier is the incident's carrier at its worst: 83% of sessions
+// reset after 1.3 to 3.1 MB.
+func cuttingCarrier(t *testing.T, target string) *carrier.Relay {
+	t.Helper()
+	r, err := carrier.Start(carrier.Config{Target: target, CutProb: 0.83, CutMin: 1_300_000, CutMax: 3_100_000,
+		Mode: carrier.Reset, Bandwidth: 64e6, Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
 }

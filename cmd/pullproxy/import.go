@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,8 +36,9 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.SetOutput(stderr)
 	var af archiveFlags
 	af.register(fs)
+	server := fs.String("server", "", "import into a running pullproxy through its admin endpoint instead (http://127.0.0.1:5001)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE] FILE.tar...\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server URL] FILE.tar...\n\n"+
 			"Loads OCI image-layout archives (pullproxy export, skopeo oci-archive:) and docker-save tars\n"+
 			"(crane pull, docker save) into the store, verifying every digest and size, and records their\n"+
 			"tags (full references: docker.io/library/alpine:3.20). An archive with a bad entry is refused\n"+
@@ -48,6 +51,9 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	if fs.NArg() == 0 {
 		fs.Usage()
 		return errors.New("import: no archive given")
+	}
+	if *server != "" {
+		return importThroughServer(ctx, *server, fs.Args(), stdout)
 	}
 	cfg, err := af.config()
 	if err != nil {
@@ -451,6 +457,43 @@ func (imp *importer) record(ctx context.Context) error {
 		if err := imp.store.PutTagList(ctx, rk.upstream, rk.repo, "", storage.TagListRecord{Tags: all, CheckedAt: now}); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// importThroughServer sends each archive to a running server's admin
+// endpoint, and copies what it reports to out.
+func importThroughServer(ctx context.Context, server string, files []string, out io.Writer) error {
+	failed := 0
+	for _, file := range files {
+		f, err := os.Open(file)
+		if err != nil {
+			return fmt.Errorf("import: %w", err)
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost,
+			strings.TrimSuffix(server, "/")+"/import?name="+url.QueryEscape(file), f)
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("import: --server %q: %w", server, err)
+		}
+		req.Header.Set("Content-Type", "application/x-tar")
+		resp, err := http.DefaultClient.Do(req)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("import: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		text := strings.TrimSpace(string(body))
+		if err != nil || resp.StatusCode != http.StatusOK || !strings.HasSuffix(text, "done") {
+			fmt.Fprintln(out, text)
+			failed++
+			continue
+		}
+		fmt.Fprintln(out, strings.TrimSuffix(text, "done"))
+	}
+	if failed > 0 {
+		return fmt.Errorf("import: %d of %d archives refused", failed, len(files))
 	}
 	return nil
 }

@@ -240,7 +240,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	if adminLn != nil {
-		admin := &http.Server{Handler: adminHandler(srv, log), ReadHeaderTimeout: 10 * time.Second,
+		admin := &http.Server{Handler: adminHandler(m, cfg.DataDir, log), ReadHeaderTimeout: 10 * time.Second,
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 		go admin.Serve(adminLn)
 		defer admin.Close()
