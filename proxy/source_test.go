@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -67,6 +68,15 @@ func TestRequestMetrics(t *testing.T) {
 	path := "/v2/test/app/blobs/" + layer.String() + "?ns=" + upstreamName
 	for range 3 { // a miss, then hits: one through net/http, one on the blob loop
 		e.get(http.MethodGet, path, nil)
+	}
+	// A request is counted, and its download leaves the table, a moment
+	// after its client has read the answer.
+	settled := func() bool {
+		return testutil.ToFloat64(e.srv.metrics.cacheResults[kindBlob][0]) == 2 &&
+			e.srv.metrics.waiters.Load() == 0 && e.srv.downloads.running() == 0
+	}
+	for deadline := time.Now().Add(5 * time.Second); !settled() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
 	hits := testutil.ToFloat64(e.srv.metrics.cacheResults[kindBlob][0])
 	misses := testutil.ToFloat64(e.srv.metrics.cacheResults[kindBlob][1])
