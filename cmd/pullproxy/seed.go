@@ -32,14 +32,12 @@ type seedRequest struct {
 func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("seed", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	dataDir := fs.String("data-dir", "", "the data dir to seed, when no server runs on it (default: the config's, or ./data)")
-	configPath := fs.String("config", "", "YAML configuration file: upstreams, credentials, data_dir")
+	var af archiveFlags
+	af.register(fs)
 	server := fs.String("server", "", "seed through a running pullproxy's admin endpoint instead (http://127.0.0.1:5001)")
 	platforms := fs.String("platform", "", "os/arch[/variant],... of an index's images to seed, or all (default: this machine's, linux/"+hostArch()+")")
 	referrers := fs.Bool("referrers", false, "seed what refers to the images too (signatures, SBOMs)")
 	file := fs.String("f", "", "a file of references, one per line (# comments)")
-	var ups upstreamFlags
-	fs.Var(&ups, "upstream", "NAME=URL[,URL...]: an upstream, as for serve (repeatable)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "usage: pullproxy seed [--platform os/arch,...|all] [--referrers] [--data-dir DIR | --server URL] REF... | -f FILE\n\n"+
 			"Fetches images into the store before they are needed. REF names the upstream first:\n"+
@@ -73,27 +71,13 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return seedThroughServer(ctx, *server, req, stdout)
 	}
 
-	cfg := defaultConfig()
-	if *configPath != "" {
-		if err := loadConfigFile(*configPath, &cfg); err != nil {
-			return err
-		}
-	}
-	if *dataDir != "" {
-		cfg.DataDir = *dataDir
-	}
-	cfg.Upstreams = withDefaultUpstreams(mergeUpstreams(cfg.Upstreams, ups))
-	if err := cfg.validate(); err != nil {
-		return err
-	}
-	log, err := newLogger(cfg, stderr)
+	cfg, err := af.config()
 	if err != nil {
 		return err
 	}
-	log = slog.New(levelFloor{log.Handler(), slog.LevelWarn}) // the progress says the rest
-	m, err := openMirror(ctx, cfg, log, nil, false)
+	m, err := openCommandMirror(ctx, cfg, stderr)
 	if errors.Is(err, storage.ErrInUse) {
-		return fmt.Errorf("%w; seed through it instead: pullproxy seed --server http://127.0.0.1:5001 ...", err)
+		return fmt.Errorf("%w, or seed through it: pullproxy seed --server http://127.0.0.1:5001 ...", err)
 	}
 	if err != nil {
 		return err
