@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -129,12 +130,17 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
+	var fetched atomic.Int64
+	report := startProgress(stdout, isTerminal(stdout), "exporting", func() (int64, int64, string) {
+		return fetched.Load(), 0, ""
+	})
+	defer report.End()
 	for i, p := range pins {
 		ref, err := name.ParseReference(ln.Addr().String()+"/"+p.repo+refSeparator(p.ref)+p.ref, name.Insecure)
 		if err != nil {
 			return fmt.Errorf("export %s: %w", fs.Arg(i), err)
 		}
-		desc, err := remote.Get(ref, remote.WithContext(ctx), remote.WithTransport(nsTransport{p.upstream, http.DefaultTransport}))
+		desc, err := remote.Get(ref, remote.WithContext(ctx), remote.WithTransport(nsTransport{p.upstream, http.DefaultTransport, &fetched}))
 		if err != nil {
 			return fmt.Errorf("export %s: %w", fs.Arg(i), err)
 		}
@@ -238,9 +244,11 @@ func digestOf(h v1.Hash) digest.Digest { return digest.Digest(h.String()) }
 
 // nsTransport names the upstream of every request in containerd's ns
 // parameter, as pullproxy routes them.
+// It counts the bytes of the answers into read, for the progress.
 type nsTransport struct {
 	upstream string
 	next     http.RoundTripper
+	read     *atomic.Int64
 }
 
 func (t nsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -248,5 +256,17 @@ func (t nsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	q := r.URL.Query()
 	q.Set("ns", t.upstream)
 	r.URL.RawQuery = q.Encode()
-	return t.next.RoundTrip(r)
+	resp, err := t.next.RoundTrip(r)
+	if err == nil {
+		resp.Body = countingBody{resp.Body, countingReader{resp.Body, t.read}}
+	}
+	return resp, err
 }
+
+// countingBody is a response body read through a countingReader.
+type countingBody struct {
+	io.Closer
+	r countingReader
+}
+
+func (b countingBody) Read(p []byte) (int, error) { return b.r.Read(p) }

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -67,7 +68,16 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	failed := 0
 	for _, file := range fs.Args() {
 		imp := &importer{store: m.store, file: file}
-		if err := imp.run(ctx, cfg.DataDir); err != nil {
+		var size int64
+		if fi, err := os.Stat(file); err == nil {
+			size = fi.Size()
+		}
+		report := startProgress(stdout, isTerminal(stdout), "importing "+file, func() (int64, int64, string) {
+			return imp.read.Load(), size, ""
+		})
+		err := imp.run(ctx, cfg.DataDir)
+		report.End()
+		if err != nil {
 			fmt.Fprintf(stdout, "error %s: %v\n", file, err)
 			failed++
 			continue
@@ -90,6 +100,7 @@ type importer struct {
 
 	added  []digest.Digest // blobs this archive added: taken back on failure
 	bytes  int64
+	read   atomic.Int64 // blob bytes read from the archive so far
 	tagged []importedTag
 	// What each repository gets: its digests, and the sizes its manifests
 	// declare (see storage.SetDeclaredSizes), recorded once all is in.
@@ -386,7 +397,7 @@ func (imp *importer) blob(ctx context.Context, rk repoKey, d digest.Digest, size
 	if imp.seenBlob[d] {
 		return nil
 	}
-	added, err := imp.store.Ingest(ctx, d, size, r)
+	added, err := imp.store.Ingest(ctx, d, size, countingReader{r, &imp.read})
 	if err != nil {
 		return err
 	}

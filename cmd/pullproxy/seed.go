@@ -99,11 +99,13 @@ func seedImages(ctx context.Context, srv *proxy.Server, req seedRequest, out io.
 		}
 		progress := &proxy.SeedProgress{}
 		start := time.Now()
-		done := make(chan struct{})
-		go reportSeedProgress(ref, progress, start, out, terminal, done)
+		report := startProgress(out, terminal, "seeding "+ref, func() (int64, int64, string) {
+			return progress.BytesDone.Load(), progress.BytesTotal.Load(),
+				fmt.Sprintf("blobs %d/%d", progress.BlobsDone.Load(), progress.BlobsTotal.Load())
+		})
 		d, err := srv.Seed(ctx, img.upstream, img.repo, img.ref, proxy.SeedOptions{
 			Platforms: req.Platforms, Referrers: req.Referrers, Progress: progress})
-		close(done)
+		report.End()
 		if err != nil {
 			fmt.Fprintf(out, "error %s: %v\n", ref, err)
 			failed++
@@ -116,41 +118,6 @@ func seedImages(ctx context.Context, srv *proxy.Server, req seedRequest, out io.
 		return fmt.Errorf("seed: %d of %d images failed", failed, len(req.Refs))
 	}
 	return nil
-}
-
-// reportSeedProgress shows an image's progress until done: every second,
-// redrawn, on a terminal; every ten seconds, a line, otherwise.
-func reportSeedProgress(ref string, p *proxy.SeedProgress, start time.Time, out io.Writer, terminal bool, done <-chan struct{}) {
-	every := 10 * time.Second
-	if terminal {
-		every = time.Second
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			if terminal {
-				fmt.Fprint(out, "\r\033[K")
-			}
-			return
-		case <-t.C:
-		}
-		got, total := p.BytesDone.Load(), p.BytesTotal.Load()
-		elapsed := time.Since(start).Seconds()
-		rate := float64(got) / max(elapsed, 1e-3)
-		eta := "?"
-		if rate > 0 && total > got {
-			eta = (time.Duration(float64(total-got)/rate) * time.Second).Round(time.Second).String()
-		}
-		line := fmt.Sprintf("seeding %s: %s of %s, blobs %d/%d, %s/s, ETA %s", ref, humanBytes(got), humanBytes(total),
-			p.BlobsDone.Load(), p.BlobsTotal.Load(), humanBytes(int64(rate)), eta)
-		if terminal {
-			fmt.Fprint(out, "\r\033[K"+line)
-		} else {
-			fmt.Fprintln(out, line)
-		}
-	}
 }
 
 // seedThroughServer asks a running server's admin endpoint to seed, and
