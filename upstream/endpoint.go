@@ -25,7 +25,7 @@ type endpoint struct {
 
 // markFailed leaves the endpoint aside for a while after it failed for good.
 func (ep *endpoint) markFailed(r *Registry, err error) {
-	d := ep.health.failed(time.Now())
+	d := ep.health.failed(time.Now(), err)
 	ep.up.Set(0)
 	r.log.Warn("endpoint left aside: others are tried first until it is probed again",
 		"endpoint", ep.name(), "for", d, "err", err)

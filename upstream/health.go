@@ -22,6 +22,8 @@ type health struct {
 	mu        sync.Mutex
 	downUntil time.Time
 	failures  int // in a row
+	lastErr   string
+	lastErrAt time.Time
 
 	outcomes [healthSamples]outcome // ring of recent chunk outcomes
 	next     int
@@ -72,15 +74,31 @@ const (
 	downMax   = 5 * time.Minute
 )
 
-// failed records that the endpoint failed a request for good, returning
-// how long it is now left aside.
-func (h *health) failed(now time.Time) time.Duration {
+// failed records that the endpoint failed a request for good, and why,
+// returning how long it is now left aside.
+func (h *health) failed(now time.Time, err error) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if err != nil {
+		h.lastErr, h.lastErrAt = err.Error(), now
+	}
 	h.failures++
 	d := min(downFirst<<min(h.failures-1, 8), downMax)
 	h.downUntil = now.Add(d)
 	return d
+}
+
+// recent returns how many chunk outcomes of the window are known.
+func (h *health) recent(now time.Time) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, o := range h.outcomes {
+		if !o.at.IsZero() && now.Sub(o.at) < healthWindow {
+			n++
+		}
+	}
+	return n
 }
 
 // succeeded records a good answer: the endpoint is up.

@@ -10,6 +10,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // The admin endpoint takes seeds (and imports) into a running server. It
@@ -47,6 +49,16 @@ func listenAdmin(addr string) (net.Listener, error) {
 func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 	srv := m.srv
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/upstreams", func(w http.ResponseWriter, r *http.Request) {
+		st := []upstream.Status{}
+		for _, u := range m.upstreams {
+			st = append(st, u.Status())
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+	})
 	mux.HandleFunc("POST /import", func(w http.ResponseWriter, r *http.Request) {
 		// The archive is kept beside the store first: reading an image
 		// layout needs random access.

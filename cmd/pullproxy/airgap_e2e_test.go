@@ -83,6 +83,11 @@ func TestSeedThenServeOffline(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Pullproxy-Source") != "cache" {
 		t.Errorf("a seeded layer: %s from %q, want 200 from the cache", resp.Status, resp.Header.Get("Pullproxy-Source"))
 	}
+	// The live state of the upstream's path, from the admin endpoint.
+	out, err = runPullproxy(ctx, t, "status", "--server", running.AdminURL)
+	if err != nil || !strings.Contains(out, host) || !strings.Contains(out, reg.URL()) || !strings.Contains(out, "chunks lately") {
+		t.Errorf("status: %v\n%s", err, out)
+	}
 	// The admin endpoint is not on the registry listener.
 	resp, err = http.Post(running.URL+"/seed", "application/json", strings.NewReader(`{"refs":["`+host+`/app/small:v1"]}`))
 	if err != nil {

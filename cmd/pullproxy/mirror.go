@@ -17,12 +17,13 @@ import (
 // over them: what serve listens with, and what seed and import work on
 // when no server runs on the data dir.
 type mirror struct {
-	store    *storage.Store
-	srv      *proxy.Server
-	reg      *prometheus.Registry
-	names    []string // upstreams, as logged: name=endpoints
-	maxConns int
-	closers  []func() // run in reverse by Close
+	store     *storage.Store
+	srv       *proxy.Server
+	reg       *prometheus.Registry
+	names     []string             // upstreams, as logged: name=endpoints
+	upstreams []*upstream.Registry // the online ones, for their live state
+	maxConns  int
+	closers   []func() // run in reverse by Close
 }
 
 // Close stops what openMirror started: the server's downloads, the
@@ -132,6 +133,7 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 			return nil, err
 		}
 		opts = append(opts, proxy.WithUpstream(r), proxy.WithUpstreamAllowedClients(u.Name, upClients))
+		m.upstreams = append(m.upstreams, r)
 		m.names = append(m.names, u.Name+"="+strings.Join(r.Endpoints(), ","))
 	}
 	srv, err := proxy.New(opts...)
