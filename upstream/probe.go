@@ -28,7 +28,9 @@ type SessionResult struct {
 // Cut reports whether the path killed the session after it carried bytes:
 // evidence of a byte-count cut. A session that failed before its first
 // byte says nothing of where the path cuts.
-func (s SessionResult) Cut() bool { return s.Outcome != "complete" && s.Outcome != "error" && s.Bytes > 0 }
+func (s SessionResult) Cut() bool {
+	return s.Outcome != "complete" && s.Outcome != "error" && s.Bytes > 0
+}
 
 // ProbeOptions tunes ProbeSession.
 type ProbeOptions struct {
