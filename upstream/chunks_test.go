@@ -1078,14 +1078,14 @@ func TestSizeMismatchMessage(t *testing.T) {
 		{100, 0, []string{"but the manifest declares 0"}},
 	}
 	for _, tt := range tests {
-		got := sizeMismatchMessage(d, tt.claimed, tt.declared)
+		got := SizeMismatchMessage(d, tt.claimed, tt.declared)
 		for _, w := range tt.want {
 			if !strings.Contains(got, w) {
-				t.Errorf("sizeMismatchMessage(%d, %d): got %q, want it to contain %q", tt.claimed, tt.declared, got, w)
+				t.Errorf("SizeMismatchMessage(%d, %d): got %q, want it to contain %q", tt.claimed, tt.declared, got, w)
 			}
 		}
 		if !strings.Contains(got, d.String()) {
-			t.Errorf("sizeMismatchMessage(%d, %d): got %q, want it to name %v", tt.claimed, tt.declared, got, d)
+			t.Errorf("SizeMismatchMessage(%d, %d): got %q, want it to name %v", tt.claimed, tt.declared, got, d)
 		}
 	}
 }

@@ -218,12 +218,15 @@ func (f *blobFetch) checkSize(claimed int64, host string) error {
 	f.warned = true
 	f.mu.Unlock()
 	if !warned {
-		f.r.log.Warn(sizeMismatchMessage(f.digest, claimed, declared), "endpoint", host, "repo", f.repo)
+		f.r.log.Warn(SizeMismatchMessage(f.digest, claimed, declared), "endpoint", host, "repo", f.repo)
 	}
 	return nil
 }
 
-func sizeMismatchMessage(d digest.Digest, claimed, declared int64) string {
+// SizeMismatchMessage says what an upstream holding d as claimed bytes,
+// where a manifest declares declared, means, and what to do: an exact
+// multiple is a blob stored several times over.
+func SizeMismatchMessage(d digest.Digest, claimed, declared int64) string {
 	if declared > 0 && claimed%declared == 0 {
 		times := "twice"
 		if k := claimed / declared; k != 2 {

@@ -41,6 +41,8 @@ Usage:
                             write an OCI image-layout archive of images, from the store
   pullproxy import FILE.tar...
                             load OCI-layout archives and docker-save tars into the store
+  pullproxy doctor REF [--platform os/arch] [--json]
+                            walk the pull of an image against its upstream, and say what fails and the fix
   pullproxy status [--server URL]
                             a running server's live state of its upstreams' paths
   pullproxy probe URL [--sessions N] [--bytes SIZE] [--compare URL2] [--json]
@@ -81,6 +83,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nodeConfig(args[1:], stdout, stderr)
 	case "seed":
 		return seed(ctx, args[1:], stdout, stderr)
+	case "doctor":
+		return doctor(ctx, args[1:], stdout, stderr)
 	case "status":
 		return status(ctx, args[1:], stdout, stderr)
 	case "probe":

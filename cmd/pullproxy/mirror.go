@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -109,26 +110,7 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 			m.names = append(m.names, u.Name+"=offline")
 			continue
 		}
-		creds, err := u.Auth.credentials(u.Name, log, upMetrics)
-		if err != nil {
-			return nil, err
-		}
-		tlsCfg, err := u.tlsConfig(log)
-		if err != nil {
-			return nil, err
-		}
-		upOpts := []upstream.Option{upstream.WithLogger(log), upstream.WithMetrics(upMetrics),
-			upstream.WithTransport(transport), upstream.WithFetchConfig(cfg.Fetch.options()),
-			upstream.WithCredentials(creds), upstream.WithTLSConfig(tlsCfg),
-			upstream.WithTokenRealmHosts(u.TokenRealmHosts...), upstream.WithRedirectAllow(u.RedirectAllow...)}
-		var urls []string
-		for _, e := range u.Endpoints {
-			urls = append(urls, e.URL)
-			if e.Region != "" {
-				upOpts = append(upOpts, upstream.WithEndpointRegion(e.URL, e.Region))
-			}
-		}
-		r, err := upstream.New(u.Name, urls, upOpts...)
+		r, err := newRegistry(u, nil, log, upMetrics, transport, cfg.Fetch.options())
 		if err != nil {
 			return nil, err
 		}
@@ -143,4 +125,31 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 	m.srv = srv
 	m.closers = append(m.closers, func() { srv.Close() })
 	return m, nil
+}
+
+// newRegistry builds upstream u's client over its endpoints, or over urls
+// when given (one endpoint at a time, for doctor).
+func newRegistry(u upstreamConfig, urls []string, log *slog.Logger, m *upstream.Metrics, transport *http.Transport, fetch upstream.FetchConfig) (*upstream.Registry, error) {
+	creds, err := u.Auth.credentials(u.Name, log, m)
+	if err != nil {
+		return nil, err
+	}
+	tlsCfg, err := u.tlsConfig(log)
+	if err != nil {
+		return nil, err
+	}
+	upOpts := []upstream.Option{upstream.WithLogger(log), upstream.WithMetrics(m),
+		upstream.WithTransport(transport), upstream.WithFetchConfig(fetch),
+		upstream.WithCredentials(creds), upstream.WithTLSConfig(tlsCfg),
+		upstream.WithTokenRealmHosts(u.TokenRealmHosts...), upstream.WithRedirectAllow(u.RedirectAllow...)}
+	all := urls == nil
+	for _, e := range u.Endpoints {
+		if all {
+			urls = append(urls, e.URL)
+		}
+		if e.Region != "" {
+			upOpts = append(upOpts, upstream.WithEndpointRegion(e.URL, e.Region))
+		}
+	}
+	return upstream.New(u.Name, urls, upOpts...)
 }

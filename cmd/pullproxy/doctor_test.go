@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+
+	"github.com/pullproxy/pullproxy/internal/registrytest"
+)
+
+// faultyRegistry answers some requests itself, as a registry in trouble
+// would, and passes the rest to a real one.
+type faultyRegistry struct {
+	next  http.Handler
+	fault func(w http.ResponseWriter, r *http.Request) bool // true: answered
+}
+
+func (f faultyRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.fault != nil && f.fault(w, r) {
+		return
+	}
+	f.next.ServeHTTP(w, r)
+}
+
+func ociError(w http.ResponseWriter, status int, code, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"errors":[{"code":%q,"message":%q}]}`, code, message)
+}
+
+// TestDoctor: doctor names the right cause, and where to fix it, for each
+// kind of failure operators meet, against registries that fail that way.
+func TestDoctor(t *testing.T) {
+	// One registry holding an image for linux/amd64 and linux/arm64 under
+	// team/app:v1 and v2.
+	newReg := func() http.Handler { return registry.New(registry.Logger(log.New(io.Discard, "", 0))) }
+	base := newReg()
+	baseSrv := httptest.NewServer(base)
+	t.Cleanup(baseSrv.Close)
+	_, img := pushIndex(t, baseSrv.URL, "team/app:v1")
+	pushTags(t, baseSrv.URL, "team/app", "v2")
+	m, _ := img.Manifest()
+	layer := m.Layers[0].Digest.String()
+
+	serve := func(fault func(http.ResponseWriter, *http.Request) bool) string {
+		srv := httptest.NewServer(faultyRegistry{next: base, fault: fault})
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	emptySrv := httptest.NewServer(newReg())
+	t.Cleanup(emptySrv.Close)
+	tlsReg := startRegistry(t, registrytest.WithTLS())
+
+	tests := []struct {
+		name     string
+		upstream string // the upstream's YAML after "name: reg.test\n"
+		ref      string
+		platform string
+		class    string // of the failing step; "" when all works
+		code     int
+	}{
+		{name: "works", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "reg.test/team/app:v1", platform: "linux/amd64"},
+		{name: "wrong tag", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "reg.test/team/app:v9", class: "manifest unknown", code: doctorFixHere},
+		{name: "no credentials", upstream: "endpoints: [{url: " + serve(func(w http.ResponseWriter, r *http.Request) bool {
+			w.Header().Set("WWW-Authenticate", `Basic realm="registry"`)
+			ociError(w, http.StatusUnauthorized, "UNAUTHORIZED", "authentication required")
+			return true
+		}) + "}]", ref: "reg.test/team/app:v1", class: "no credentials", code: doctorFixHere},
+		{name: "denied", upstream: "endpoints: [{url: " + serve(func(w http.ResponseWriter, r *http.Request) bool {
+			if strings.Contains(r.URL.Path, "/manifests/") {
+				ociError(w, http.StatusForbidden, "DENIED", "requested access to the resource is denied")
+				return true
+			}
+			return false
+		}) + "}]", ref: "reg.test/team/app:v1", class: "denied", code: doctorFixHere},
+		{name: "rate limit", upstream: "endpoints: [{url: " + serve(func(w http.ResponseWriter, r *http.Request) bool {
+			if strings.Contains(r.URL.Path, "/manifests/") {
+				w.Header().Set("Ratelimit-Remaining", "0;w=21600")
+				w.Header().Set("Retry-After", "3600")
+				ociError(w, http.StatusTooManyRequests, "TOOMANYREQUESTS", "You have reached your pull rate limit")
+				return true
+			}
+			return false
+		}) + "}]", ref: "reg.test/team/app:v1", class: "rate limit", code: doctorFixUpstream},
+		{name: "DNS", upstream: "endpoints: [{url: http://registry.invalid:5000}]", ref: "reg.test/team/app:v1", class: "DNS", code: doctorFixHere},
+		{name: "TLS", upstream: "endpoints: [{url: " + tlsReg.URL() + "}]", ref: "reg.test/team/app:v1", class: "TLS", code: doctorFixHere},
+		{name: "missing platform", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "reg.test/team/app:v1", platform: "linux/s390x",
+			class: "missing platform", code: doctorFixUpstream},
+		{name: "tag missing on a replica", upstream: "endpoints: [{url: " + baseSrv.URL + "}, {url: " + emptySrv.URL + "}]",
+			ref: "reg.test/team/app:v1", class: "tag missing on a replica", code: doctorFixUpstream},
+		{name: "blob stored twice", upstream: "endpoints: [{url: " + serve(func(w http.ResponseWriter, r *http.Request) bool {
+			if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, layer) {
+				w.Header().Set("Content-Length", fmt.Sprint(2*m.Layers[0].Size))
+				w.Header().Set("Docker-Content-Digest", layer)
+				return true
+			}
+			return false
+		}) + "}]", ref: "reg.test/team/app:v1", platform: "linux/amd64", class: "size mismatch", code: doctorFixUpstream},
+		{name: "upstream not configured", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "other.test/team/app:v1",
+			class: "configuration", code: doctorFixHere},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+			defer cancel()
+			config := writeConfig(t, "data_dir: "+t.TempDir()+"\nupstreams:\n  - name: reg.test\n    "+tc.upstream+"\n")
+			platform := tc.platform
+			if platform == "" {
+				platform = "linux/amd64"
+			}
+			cmd := exec.CommandContext(ctx, pullproxyBin, "doctor", "--json", "--config", config, "--platform", platform, tc.ref)
+			out, err := cmd.Output()
+			code := 0
+			if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			var steps []doctorStep
+			if err := json.Unmarshal(out, &steps); err != nil {
+				t.Fatalf("doctor --json: %v\n%s", err, out)
+			}
+			var classes []string
+			for _, s := range steps {
+				if s.Verdict == "fail" {
+					classes = append(classes, s.Class)
+					if s.Fix == "" {
+						t.Errorf("step %q failed without a fix", s.Step)
+					}
+				}
+			}
+			if code != tc.code || (tc.class == "" && len(classes) > 0) || (tc.class != "" && (len(classes) == 0 || classes[0] != tc.class)) {
+				t.Errorf("exit %d, failures %q; want exit %d, %q\n%s", code, classes, tc.code, tc.class, out)
+			}
+			if tc.name == "wrong tag" && !strings.Contains(string(out), "v1 v2") {
+				t.Errorf("wrong tag: the tags that exist are not listed\n%s", out)
+			}
+			if tc.name == "missing platform" && !strings.Contains(string(out), "linux/amd64, linux/arm64") {
+				t.Errorf("missing platform: the platforms that exist are not listed\n%s", out)
+			}
+			if tc.name == "blob stored twice" && !strings.Contains(string(out), "stored twice") {
+				t.Errorf("blob stored twice: not called out\n%s", out)
+			}
+		})
+	}
+}
