@@ -462,6 +462,12 @@ func (d *doctorRun) blobs(ctx context.Context, reg *upstream.Registry, img pinne
 	}
 }
 
+// pathCutPercent is the share of recent chunks cut from which doctor
+// calls a path one that cuts sessions. A clean path cuts none; a chunk cut
+// is resumed by a smaller one that usually completes, so even a path that
+// kills most sessions shows well under half its chunks cut.
+const pathCutPercent = 10
+
 // path reports the live cut rates of the upstream's endpoints, from a
 // running server.
 func (d *doctorRun) path(ctx context.Context, name string) {
@@ -490,11 +496,11 @@ func (d *doctorRun) path(ctx context.Context, name string) {
 			switch {
 			case e.RecentChunks < 8:
 				d.ok(step, fmt.Sprintf("%d chunks lately: too few to judge", e.RecentChunks))
-			case e.CutPercent >= 30 && len(e.CutPoints) > 0:
+			case e.CutPercent >= pathCutPercent && len(e.CutPoints) > 0:
 				d.warn(step, fmt.Sprintf("%d%% of recent chunks cut, sessions dying after %s to %s; budget %s",
 					e.CutPercent, humanBytes(e.CutPoints[0]), humanBytes(e.CutPoints[len(e.CutPoints)-1]), humanBytes(e.BudgetBytes)),
 					"path cuts sessions", "the carrier kills sessions by byte count: pulls go on through pullproxy, slower; take it to the carrier, or prefer another region's endpoint", "upstream")
-			case e.CutPercent >= 30:
+			case e.CutPercent >= pathCutPercent:
 				d.warn(step, fmt.Sprintf("%d%% of recent chunks cut", e.CutPercent), "path drops sessions",
 					"connections die before carrying anything: the path or the registry drops them", "upstream")
 			default:

@@ -156,3 +156,33 @@ func TestDoctor(t *testing.T) {
 		})
 	}
 }
+
+// TestDoctorSeesTheCuts: after pullproxy pulled across a carrier that cuts
+// most sessions, doctor --server reports the path as cutting sessions,
+// from the server's live state.
+func TestDoctorSeesTheCuts(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	reg := startRegistry(t)
+	pushed, err := reg.Push(ctx, registrytest.Image{Repo: "team/big", Tag: "v1", Seed: 91, LayerSizes: []int64{40 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := cuttingCarrier(t, reg.Host())
+	config := writeConfig(t, fmt.Sprintf("data_dir: %s\nfetch:\n  connection_budget: 4MiB\n  max_connection_budget: 4MiB\n  parallel_chunks: 1\n  stall_timeout: 1s\n"+
+		"upstreams:\n  - name: reg.test\n    endpoints: [{url: %q}]\n", t.TempDir(), path.URL()))
+	p := startProxy(t, "--config", config)
+	getBody(t, p.URL+"/v2/team/big/blobs/"+pushed.Layers[0].Digest.String()+"?ns=reg.test")
+	out, err := exec.CommandContext(ctx, pullproxyBin, "doctor", "--json", "--config", config, "--server", p.AdminURL, "reg.test/team/big:v1").Output()
+	var steps []doctorStep
+	if jerr := json.Unmarshal(out, &steps); jerr != nil {
+		t.Fatalf("doctor: %v, %v\n%s", err, jerr, out)
+	}
+	for _, s := range steps {
+		if s.Class == "path cuts sessions" && s.Verdict == "warn" {
+			t.Logf("%s: %s", s.Step, s.Detail)
+			return
+		}
+	}
+	t.Errorf("doctor did not report the cuts (carrier: %+v):\n%s", path.Stats(), out)
+}
