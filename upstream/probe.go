@@ -9,6 +9,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // Probing measures a network path the way the incident's harness did:
@@ -49,7 +51,6 @@ type ProbeOptions struct {
 func ProbeSession(ctx context.Context, client *http.Client, target string, opts ProbeOptions) SessionResult {
 	res := SessionResult{Target: target}
 	start := time.Now()
-	defer func() { res.Took = time.Since(start) }()
 	stall := opts.StallTimeout
 	if stall <= 0 {
 		stall = 10 * time.Second
@@ -63,6 +64,7 @@ func ProbeSession(ctx context.Context, client *http.Client, target string, opts 
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
 		res.Outcome, res.Error = "error", err.Error()
+		res.Took = time.Since(start)
 		return res
 	}
 	for k, v := range opts.Header {
@@ -72,6 +74,36 @@ func ProbeSession(ctx context.Context, client *http.Client, target string, opts 
 		req.Header.Set("Range", fmt.Sprintf("bytes=0-%d", opts.Bytes-1))
 	}
 	resp, err := client.Do(req)
+	return readProbe(res, start, resp, err, timer, stall, &stalled)
+}
+
+// ProbeBlob is ProbeSession for blob d of repo on the upstream's first
+// endpoint, with its credentials (a token fetched as for a pull), each
+// session on a connection of client's own.
+func (r *Registry) ProbeBlob(ctx context.Context, client *http.Client, repo string, d digest.Digest, opts ProbeOptions) SessionResult {
+	ep := r.endpoints[0]
+	res := SessionResult{Target: ep.url.Redacted() + "/v2/" + repo + "/blobs/" + d.String()}
+	start := time.Now()
+	stall := opts.StallTimeout
+	if stall <= 0 {
+		stall = 10 * time.Second
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var stalled atomic.Bool
+	timer := time.AfterFunc(stall, func() { stalled.Store(true); cancel() })
+	defer timer.Stop()
+	q := request{method: http.MethodGet, repo: repo, path: "blobs/" + d.String(), header: http.Header{}, client: client}
+	if opts.Bytes > 0 {
+		q.header.Set("Range", fmt.Sprintf("bytes=0-%d", opts.Bytes-1))
+	}
+	resp, err := r.send(ctx, ep, q)
+	return readProbe(res, start, resp, err, timer, stall, &stalled)
+}
+
+// readProbe reads a probe session's answer to its end, or its death.
+func readProbe(res SessionResult, start time.Time, resp *http.Response, err error, timer *time.Timer, stall time.Duration, stalled *atomic.Bool) (result SessionResult) {
+	defer func() { result.Took = time.Since(start) }()
 	if err != nil {
 		res.Outcome, res.Error = probeOutcome(err, stalled.Load()), err.Error()
 		return res

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -15,6 +16,9 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -53,10 +57,14 @@ func probe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	insecure := fs.Bool("insecure", false, "accept any TLS certificate (a lab only)")
 	var headers headerFlags
 	fs.Var(&headers, "header", "NAME: VALUE sent with each request (repeatable), e.g. an Authorization")
+	var af archiveFlags
+	af.register(fs)
+	platform := fs.String("platform", "linux/"+hostArch(), "for a REF: the platform whose largest layer is read")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy probe URL [--sessions N] [--bytes SIZE] [--compare URL2] [--json]\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy probe URL|REF [--sessions N] [--bytes SIZE] [--compare URL2|REF2] [--json]\n\n"+
 			"Measures a path as the incident's harness did: N sessions, each on a connection of its own,\n"+
-			"each reading a large blob (a registry blob URL, or any URL serving bytes); reports how many were\n"+
+			"each reading a large blob (a URL serving bytes, or the largest layer of an image REF of a\n"+
+			"configured upstream, read with its credentials); reports how many were\n"+
 			"cut and after how many bytes, how they died, the throughput, and the connection budget\n"+
 			"pullproxy would settle on for the path.\n\n")
 		fs.PrintDefaults()
@@ -72,11 +80,9 @@ func probe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *compare != "" {
 		targets = append(targets, *compare)
 	}
-	for _, t := range targets {
-		if u, err := url.Parse(t); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("probe: %q: want an http or https URL", t)
-		}
-	}
+	// A target is a URL, read as it is, or an image reference, whose
+	// largest layer is read from its upstream's first endpoint.
+	sessionsOf := make([]func(context.Context) upstream.SessionResult, len(targets))
 	n, err := parseByteSize(*bytesFlag)
 	if err != nil || n < 0 {
 		return fmt.Errorf("probe: --bytes %q: want a size", *bytesFlag)
@@ -91,13 +97,24 @@ func probe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		DisableCompression:  true,
 		TLSHandshakeTimeout: 10 * time.Second,
 	}}
+	for j, t := range targets {
+		if u, err := url.Parse(t); err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" {
+			sessionsOf[j] = func(ctx context.Context) upstream.SessionResult { return upstream.ProbeSession(ctx, client, t, opts) }
+			continue
+		}
+		session, err := probeImage(ctx, af, t, *platform, client, opts)
+		if err != nil {
+			return err
+		}
+		sessionsOf[j] = session
+	}
 	results := make([][]upstream.SessionResult, len(targets))
 	for i := range *sessions {
 		for j, t := range targets { // interleaved
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			r := upstream.ProbeSession(ctx, client, t, opts)
+			r := sessionsOf[j](ctx)
 			results[j] = append(results[j], r)
 			if !*asJSON && isTerminal(stderr) {
 				fmt.Fprintf(stderr, "\r\033[Ksession %d/%d of %s: %s after %s", i+1, *sessions, t, r.Outcome, humanBytes(r.Bytes))
@@ -214,4 +231,74 @@ func (h *headerFlags) Set(v string) error {
 	}
 	http.Header(*h).Add(strings.TrimSpace(name), strings.TrimSpace(value))
 	return nil
+}
+
+// probeImage resolves an image reference to its largest layer (for
+// platform) on its configured upstream, and returns a session reading it
+// from the upstream's first endpoint with the upstream's credentials.
+func probeImage(ctx context.Context, af archiveFlags, ref, platform string, client *http.Client, opts upstream.ProbeOptions) (func(context.Context) upstream.SessionResult, error) {
+	img, err := parsePin(ref)
+	if err != nil {
+		return nil, fmt.Errorf("probe: %q is neither an http(s) URL nor an image reference: %w", ref, err)
+	}
+	cfg, err := af.config()
+	if err != nil {
+		return nil, err
+	}
+	var up *upstreamConfig
+	for i := range cfg.Upstreams {
+		if upstream.CanonicalName(cfg.Upstreams[i].Name) == img.upstream {
+			up = &cfg.Upstreams[i]
+		}
+	}
+	if up == nil || len(up.Endpoints) == 0 {
+		return nil, fmt.Errorf("probe: %s is not a configured upstream (--config, --upstream)", img.upstream)
+	}
+	m, err := upstream.NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		return nil, err
+	}
+	reg, err := newRegistry(*up, []string{up.Endpoints[0].URL}, slog.New(slog.DiscardHandler), m, upstream.NewTransport(), cfg.Fetch.options())
+	if err != nil {
+		return nil, err
+	}
+	_, body, err := reg.GetManifest(ctx, img.repo, img.ref, doctorManifestTypes)
+	if err != nil {
+		return nil, fmt.Errorf("probe: %s: %w (pullproxy doctor says why)", ref, err)
+	}
+	if isIndex(body) {
+		var idx ocispec.Index
+		json.Unmarshal(body, &idx)
+		found := false
+		for _, c := range idx.Manifests {
+			if c.Platform != nil && c.Platform.OS+"/"+c.Platform.Architecture == platform {
+				if _, body, err = reg.GetManifest(ctx, img.repo, c.Digest.String(), doctorManifestTypes); err != nil {
+					return nil, fmt.Errorf("probe: %s for %s: %w", ref, platform, err)
+				}
+				found = true
+				break
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("probe: %s has no image for %s", ref, platform)
+		}
+	}
+	var man ocispec.Manifest
+	if err := json.Unmarshal(body, &man); err != nil || len(man.Layers) == 0 {
+		return nil, fmt.Errorf("probe: %s: no layer to read", ref)
+	}
+	largest := slices.MaxFunc(man.Layers, func(a, b ocispec.Descriptor) int { return cmpInt64(a.Size, b.Size) })
+	return func(ctx context.Context) upstream.SessionResult {
+		return reg.ProbeBlob(ctx, client, img.repo, largest.Digest, opts)
+	}, nil
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
 }

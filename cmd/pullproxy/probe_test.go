@@ -5,12 +5,20 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"io"
+	"log"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/pullproxy/pullproxy/bench/carrier"
 )
@@ -68,8 +76,49 @@ func TestProbeMeasuresTheCarrier(t *testing.T) {
 		if cut.Budget >= cut.CutMin || cut.Budget < 64<<10 {
 			t.Errorf("%s: budget %d, want below the smallest cut point %d", tc.outcome, cut.Budget, cut.CutMin)
 		}
+		if cut.Rate <= 0 || clean.Rate <= 0 {
+			t.Errorf("%s: throughput %v and %v, want both measured", tc.outcome, cut.Rate, clean.Rate)
+		}
 		if clean.Cut != 0 || clean.Outcomes["complete"] != clean.Sessions {
 			t.Errorf("the clean path: %d cut, outcomes %v", clean.Cut, clean.Outcomes)
 		}
+	}
+}
+
+// TestProbeImage: given an image of a configured upstream, probe reads its
+// largest layer from the upstream's endpoint, with its credentials.
+func TestProbeImage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	open := httptest.NewServer(inner)
+	t.Cleanup(open.Close)
+	authed := httptest.NewServer(basicAuthRegistry{user: "puller", pass: "s3cret", next: inner})
+	t.Cleanup(authed.Close)
+	img, err := random.Image(8<<20, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := name.ParseReference(strings.TrimPrefix(open.URL, "http://")+"/team/app:v1", name.Insecure)
+	if err := remote.Write(ref, img); err != nil {
+		t.Fatal(err)
+	}
+	path := cuttingCarrier(t, authed.Listener.Addr().String())
+	pw := writeConfig(t, "s3cret\n")
+	config := writeConfig(t, "upstreams:\n  - name: reg.test\n    endpoints: [{url: "+path.URL()+"}]\n"+
+		"    auth: {type: basic, username: puller, password_file: "+pw+"}\n")
+	out, err := exec.CommandContext(ctx, pullproxyBin, "probe", "--sessions", "40", "--bytes", "4MiB", "--json",
+		"--config", config, "reg.test/team/app:v1").Output()
+	if err != nil {
+		t.Fatalf("probe: %v\n%s", err, out)
+	}
+	var got []probeSummary
+	if err := json.Unmarshal(out, &got); err != nil || len(got) != 1 {
+		t.Fatalf("probe --json: %v\n%s", err, out)
+	}
+	s := got[0]
+	t.Logf("the image's layer across the carrier: cut %d of %d, %v, %.0f B/s", s.Cut, s.Sessions, s.Outcomes, s.Rate)
+	if s.Outcomes["error"] != 0 || s.Cut == 0 || s.Rate <= 0 {
+		t.Errorf("probe of the image: %+v", s.Outcomes)
 	}
 }
