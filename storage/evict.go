@@ -214,6 +214,8 @@ func (s *Store) Evict(ctx context.Context, need int64) (EvictionRound, error) {
 		n, bytes, err := s.evictBatch(batch)
 		round.Blobs += n
 		round.Bytes += bytes
+		s.evictedBlobs.Add(int64(n))
+		s.evictedBytes.Add(bytes)
 		if err != nil {
 			return round, err
 		}
@@ -280,13 +282,7 @@ func (s *Store) evictBatch(batch []evictionCandidate) (int, int64, error) {
 			s.log.Warn("removing an evicted blob", "digest", c.d, "err", err)
 		}
 	}
-	n, bytes, err := s.dropEvicted(batch)
-	if err != nil {
-		return n, bytes, err
-	}
-	s.evictedBlobs.Add(int64(n))
-	s.evictedBytes.Add(bytes)
-	return n, bytes, nil
+	return s.dropEvicted(batch)
 }
 
 // dropEvicted deletes the records of evicted blobs that are still marked
@@ -397,7 +393,8 @@ func openBlobs(blobsDir string) map[string]bool {
 }
 
 // RemoveBlobs removes blobs from the store, files and records, as an
-// eviction does: an import that failed half-way takes back what it added.
+// eviction does (not counted as one): an import that failed half-way takes
+// back what it added.
 func (s *Store) RemoveBlobs(ctx context.Context, ds []digest.Digest) error {
 	batch := make([]evictionCandidate, 0, len(ds))
 	for _, d := range ds {
