@@ -9,6 +9,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -61,6 +62,9 @@ func TestDoctor(t *testing.T) {
 	emptySrv := httptest.NewServer(newReg())
 	t.Cleanup(emptySrv.Close)
 	tlsReg := startRegistry(t, registrytest.WithTLS())
+	authSrv := httptest.NewServer(basicAuthRegistry{user: "puller", pass: "s3cret", next: base})
+	t.Cleanup(authSrv.Close)
+	wrongPassword := writeConfig(t, "not-the-password\n")
 
 	tests := []struct {
 		name     string
@@ -69,6 +73,7 @@ func TestDoctor(t *testing.T) {
 		platform string
 		class    string // of the failing step; "" when all works
 		code     int
+		env      []string
 	}{
 		{name: "works", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "reg.test/team/app:v1", platform: "linux/amd64"},
 		{name: "wrong tag", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "reg.test/team/app:v9", class: "manifest unknown", code: doctorFixHere},
@@ -107,6 +112,10 @@ func TestDoctor(t *testing.T) {
 			}
 			return false
 		}) + "}]", ref: "reg.test/team/app:v1", platform: "linux/amd64", class: "size mismatch", code: doctorFixUpstream},
+		{name: "HTTP proxy unreachable", upstream: "endpoints: [{url: https://registry.example}]", ref: "reg.test/team/app:v1",
+			class: "proxy", code: doctorFixHere, env: []string{"HTTPS_PROXY=http://127.0.0.1:1", "NO_PROXY="}},
+		{name: "credentials refused", upstream: "endpoints: [{url: " + authSrv.URL + "}]\n    auth: {type: basic, username: puller, password_file: " + wrongPassword + "}",
+			ref: "reg.test/team/app:v1", class: "credentials refused", code: doctorFixHere},
 		{name: "upstream not configured", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "other.test/team/app:v1",
 			class: "configuration", code: doctorFixHere},
 	}
@@ -121,6 +130,7 @@ func TestDoctor(t *testing.T) {
 				platform = "linux/amd64"
 			}
 			cmd := exec.CommandContext(ctx, pullproxyBin, "doctor", "--json", "--config", config, "--platform", platform, tc.ref)
+			cmd.Env = append(os.Environ(), tc.env...)
 			out, err := cmd.Output()
 			code := 0
 			if ee := (*exec.ExitError)(nil); errors.As(err, &ee) {
