@@ -59,6 +59,44 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 		enc.SetIndent("", "  ")
 		enc.Encode(st)
 	})
+	mux.HandleFunc("GET /export", func(w http.ResponseWriter, r *http.Request) {
+		var pins []pinnedImage
+		for _, ref := range r.URL.Query()["ref"] {
+			p, err := parsePin(ref)
+			if err != nil {
+				http.Error(w, "export: "+err.Error(), http.StatusBadRequest)
+				return
+			}
+			pins = append(pins, p)
+		}
+		if len(pins) == 0 {
+			http.Error(w, "export: want ?ref=registry/repository:tag (repeatable)", http.StatusBadRequest)
+			return
+		}
+		log.Info("exporting through the admin endpoint", "refs", r.URL.Query()["ref"])
+		// The archive is assembled first, so that a failure is an error
+		// status rather than a tar cut short.
+		tmp, err := os.CreateTemp(dataDir, ".export-*")
+		if err != nil {
+			http.Error(w, "export: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		defer os.Remove(tmp.Name())
+		defer tmp.Close()
+		if err := exportImages(r.Context(), srv, pins, dataDir, tmp, io.Discard, false); err != nil {
+			http.Error(w, "export: "+err.Error(), http.StatusBadGateway)
+			return
+		}
+		fi, err := tmp.Stat()
+		if err != nil {
+			http.Error(w, "export: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-tar")
+		w.Header().Set("Content-Length", fmt.Sprint(fi.Size()))
+		http.NewResponseController(w).SetWriteDeadline(time.Time{})
+		io.Copy(w, io.NewSectionReader(tmp, 0, fi.Size()))
+	})
 	mux.HandleFunc("POST /import", func(w http.ResponseWriter, r *http.Request) {
 		// The archive is kept beside the store first: reading an image
 		// layout needs random access.

@@ -246,6 +246,14 @@ func TestExportImportOffline(t *testing.T) {
 		strings.TrimSpace(string(out)) != "v1" {
 		t.Errorf("crane ls offline: %v\n%s", err, out)
 	}
+	// Exported again, from the running offline server.
+	again := filepath.Join(dir, "again.tar")
+	if out, err := runPullproxy(ctx, t, "export", "--server", p.AdminURL, "-o", again, host+"/app/big:v1"); err != nil {
+		t.Errorf("export through the admin endpoint: %v\n%s", err, out)
+	} else if out, err := exec.CommandContext(ctx, "skopeo", "inspect", "--raw", "oci-archive:"+again).CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), big.Manifest.Digest.String()) {
+		t.Errorf("skopeo reading the server's export: %v\n%s", err, out)
+	}
 	p.stop()
 	if code, out := runVerify(t, "--data-dir", data); code != 0 {
 		t.Errorf("verify at the end: exit %d\n%s", code, out)

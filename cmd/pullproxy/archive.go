@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,8 +79,9 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var af archiveFlags
 	af.register(fs)
 	out := fs.String("o", "", "the archive to write (an OCI image layout as a tar)")
+	server := fs.String("server", "", "export from a running pullproxy through its admin endpoint instead (http://127.0.0.1:5001)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy export -o FILE.tar [--data-dir DIR | --config FILE] REF...\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy export -o FILE.tar [--data-dir DIR | --config FILE | --server URL] REF...\n\n"+
 			"Writes an OCI image-layout archive of the images, every platform, from the store (fetching what\n"+
 			"it lacks), each tagged with its full reference (org.opencontainers.image.ref.name). skopeo\n"+
 			"(oci-archive:), crane and ctr image import read it; pullproxy import loads it elsewhere.\n\n")
@@ -100,6 +102,9 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		pins = append(pins, p)
 	}
+	if *server != "" {
+		return exportThroughServer(ctx, *server, fs.Args(), *out, stdout)
+	}
 	cfg, err := af.config()
 	if err != nil {
 		return err
@@ -109,42 +114,53 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer m.Close()
-
-	// The images are read through the mirror's own registry API, on a
-	// loopback port of this process: the same requests, checks and
-	// fetching as a client's pull.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	err = writeFileAtomicFunc(*out, func(w io.Writer) error {
+		return exportImages(ctx, m.srv, pins, filepath.Dir(*out), w, stdout, isTerminal(stdout))
+	})
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	hs := &http.Server{Handler: m.srv, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stdout, "wrote %s\n", *out)
+	return nil
+}
+
+// exportImages writes an OCI image-layout archive of pins to w, the
+// images read through srv's registry API on a loopback port of this
+// process: the same requests, checks and fetching as a client's pull. The
+// layout is assembled under tmpBase. It reports each image to report.
+func exportImages(ctx context.Context, srv http.Handler, pins []pinnedImage, tmpBase string, w io.Writer, report io.Writer, terminal bool) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	go hs.Serve(ln)
 	defer hs.Close()
 
-	dir, err := os.MkdirTemp(filepath.Dir(*out), ".pullproxy-export-*")
+	dir, err := os.MkdirTemp(tmpBase, ".pullproxy-export-*")
 	if err != nil {
-		return fmt.Errorf("export: %w", err)
+		return err
 	}
 	defer os.RemoveAll(dir)
 	lp, err := layout.Write(dir, empty.Index)
 	if err != nil {
-		return fmt.Errorf("export: %w", err)
+		return err
 	}
 	var fetched atomic.Int64
-	report := startProgress(stdout, isTerminal(stdout), "exporting", func() (int64, int64, string) {
+	progress := startProgress(report, terminal, "exporting", func() (int64, int64, string) {
 		return fetched.Load(), 0, ""
 	})
-	defer report.End()
-	for i, p := range pins {
+	defer progress.End()
+	for _, p := range pins {
+		full := p.upstream + "/" + p.repo + refSeparator(p.ref) + p.ref
 		ref, err := name.ParseReference(ln.Addr().String()+"/"+p.repo+refSeparator(p.ref)+p.ref, name.Insecure)
 		if err != nil {
-			return fmt.Errorf("export %s: %w", fs.Arg(i), err)
+			return fmt.Errorf("%s: %w", full, err)
 		}
 		desc, err := remote.Get(ref, remote.WithContext(ctx), remote.WithTransport(nsTransport{p.upstream, http.DefaultTransport, &fetched}))
 		if err != nil {
-			return fmt.Errorf("export %s: %w", fs.Arg(i), err)
+			return fmt.Errorf("%s: %w", full, err)
 		}
-		full := p.upstream + "/" + p.repo + refSeparator(p.ref) + p.ref
 		opt := layout.WithAnnotations(map[string]string{ocispec.AnnotationRefName: full})
 		if desc.MediaType.IsIndex() {
 			idx, err := desc.ImageIndex()
@@ -152,7 +168,7 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 				err = lp.AppendIndex(idx, opt)
 			}
 			if err != nil {
-				return fmt.Errorf("export %s: %w", full, err)
+				return fmt.Errorf("%s: %w", full, err)
 			}
 		} else {
 			img, err := desc.Image()
@@ -160,15 +176,44 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 				err = lp.AppendImage(img, opt)
 			}
 			if err != nil {
-				return fmt.Errorf("export %s: %w", full, err)
+				return fmt.Errorf("%s: %w", full, err)
 			}
 		}
-		fmt.Fprintf(stdout, "exported %s %s\n", full, desc.Digest)
+		fmt.Fprintf(report, "exported %s %s\n", full, desc.Digest)
 	}
-	if err := tarDir(dir, *out); err != nil {
+	return writeTar(dir, w)
+}
+
+// exportThroughServer asks a running server's admin endpoint for the
+// archive, and writes it to out.
+func exportThroughServer(ctx context.Context, server string, refs []string, out string, stdout io.Writer) error {
+	q := url.Values{"ref": refs}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(server, "/")+"/export?"+q.Encode(), nil)
+	if err != nil {
+		return fmt.Errorf("export: --server %q: %w", server, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("export: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("export: the admin endpoint answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	var got atomic.Int64
+	progress := startProgress(stdout, isTerminal(stdout), "exporting", func() (int64, int64, string) { return got.Load(), 0, "" })
+	err = writeFileAtomicFunc(out, func(w io.Writer) error {
+		_, err := io.Copy(w, countingReader{resp.Body, &got})
+		return err
+	})
+	progress.End()
+	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	fmt.Fprintf(stdout, "wrote %s\n", *out)
+	// The server says what it exported in a trailer-free way: the
+	// archive's index names each image.
+	fmt.Fprintf(stdout, "wrote %s (%s)\n", out, humanBytes(got.Load()))
 	return nil
 }
 
@@ -179,20 +224,11 @@ func refSeparator(ref string) string {
 	return ":"
 }
 
-// tarDir writes the files under dir into a tar at path, replacing it
-// whole once written: an OCI image layout as an archive (oci-archive).
-func tarDir(dir, path string) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".pullproxy-tar-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			os.Remove(tmp.Name())
-		}
-	}()
-	tw := tar.NewWriter(tmp)
-	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+// writeTar writes the files under dir to w as a tar: an OCI image layout
+// as an archive (oci-archive).
+func writeTar(dir string, w io.Writer) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || p == dir {
 			return err
 		}
@@ -224,14 +260,33 @@ func tarDir(dir, path string) (err error) {
 		_, err = io.Copy(tw, f)
 		return err
 	})
-	if err == nil {
-		err = tw.Close()
+	if err != nil {
+		return err
 	}
+	return tw.Close()
+}
+
+// writeFileAtomicFunc writes path with write, replacing it whole once
+// written and synced: a reader never sees half an archive.
+func writeFileAtomicFunc(path string, write func(io.Writer) error) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".pullproxy-tar-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+	}()
+	err = write(tmp)
 	if err == nil {
 		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(tmp.Name(), 0o644)
 	}
 	if err == nil {
 		err = os.Rename(tmp.Name(), path)
