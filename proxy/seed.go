@@ -87,6 +87,7 @@ func (s *Server) Seed(ctx context.Context, upstreamName, repo, ref string, opts 
 	for _, m := range manifests {
 		blobs = append(blobs, blobsOf(m.body)...)
 	}
+	slices.SortFunc(blobs, func(a, b ocispec.Descriptor) int { return strings.Compare(string(a.Digest), string(b.Digest)) })
 	blobs = slices.CompactFunc(blobs, func(a, b ocispec.Descriptor) bool { return a.Digest == b.Digest })
 	progress := opts.Progress
 	if progress == nil {

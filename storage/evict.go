@@ -291,6 +291,27 @@ func (s *Store) dropEvicted(batch []evictionCandidate) (int, int64, error) {
 	var n int
 	var bytes int64
 	var dropped []digest.Digest
+	var err error
+	// A touch or a commit of one of the records at once conflicts: the
+	// transaction is run again on what it wrote (the files are gone).
+	for range 5 {
+		if err = s.dropEvictedOnce(batch, &n, &bytes, &dropped); !errors.Is(err, badger.ErrConflict) {
+			break
+		}
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("deleting the records of evicted blobs: %w", err)
+	}
+	for _, d := range dropped {
+		s.sizes.Delete(d)
+	}
+	s.storedBytes.Add(-bytes)
+	s.storedBlobs.Add(-int64(n))
+	return n, bytes, nil
+}
+
+func (s *Store) dropEvictedOnce(batch []evictionCandidate, np *int, bytesp *int64, droppedp *[]digest.Digest) error {
+	n, bytes, dropped := 0, int64(0), (*droppedp)[:0]
 	err := s.db.Update(func(txn *badger.Txn) error {
 		n, bytes, dropped = 0, 0, dropped[:0]
 		for _, c := range batch {
@@ -307,15 +328,8 @@ func (s *Store) dropEvicted(batch []evictionCandidate) (int, int64, error) {
 		}
 		return nil
 	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("deleting the records of evicted blobs: %w", err)
-	}
-	for _, d := range dropped {
-		s.sizes.Delete(d)
-	}
-	s.storedBytes.Add(-bytes)
-	s.storedBlobs.Add(-int64(n))
-	return n, bytes, nil
+	*np, *bytesp, *droppedp = n, bytes, dropped
+	return err
 }
 
 // finishEvictions completes evictions a crash interrupted, and counts

@@ -24,6 +24,11 @@ func (s *Store) Ingest(ctx context.Context, d digest.Digest, size int64, r io.Re
 		return false, fmt.Errorf("blob %s: algorithm %s is not supported", d, d.Algorithm())
 	}
 	if _, err := s.StatBlob(ctx, d); err == nil {
+		// Used again now: an import that brings it is not to see it
+		// evicted as the least recently used.
+		if err := s.Touch(ctx, d); err != nil {
+			s.log.Warn("recording a blob's use", "digest", d, "err", err)
+		}
 		return false, nil
 	}
 	if size < 0 {

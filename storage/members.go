@@ -2,10 +2,12 @@ package storage
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/opencontainers/go-digest"
@@ -116,6 +118,103 @@ func (s *Store) AddMembers(ctx context.Context, upstream, repo string, ds ...dig
 	}
 	for _, d := range ds {
 		s.members.add(upstream, repo, d)
+	}
+	return nil
+}
+
+// membersMigratedKey marks a store whose older records were given their
+// membership (migrateMembers).
+var membersMigratedKey = []byte("meta/members-migrated")
+
+// migrateMembers gives a store filled before membership was recorded what
+// its records imply, once: the digest each tag names is in that tag's
+// repository, and so is a manifest that names, as its config, layers or
+// platform manifests, digests declared for a repository. Without it, what
+// such a store holds would be refused offline or with the upstream down
+// until an upstream confirmed it.
+func (s *Store) migrateMembers(ctx context.Context) error {
+	done := false
+	s.db.View(func(txn *badger.Txn) error {
+		_, err := txn.Get(membersMigratedKey)
+		done = err == nil
+		return nil
+	})
+	if done {
+		return nil
+	}
+	type member struct {
+		upstream, repo string
+		d              digest.Digest
+	}
+	var found []member
+	declaredIn := map[digest.Digest][]memberOf{} // digest → the repositories declaring it
+	var manifests []digest.Digest
+	err := s.db.View(func(txn *badger.Txn) error {
+		it := txn.NewIterator(badger.IteratorOptions{PrefetchValues: true, PrefetchSize: 100})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			key := string(it.Item().Key())
+			switch {
+			case strings.HasPrefix(key, tagPrefix):
+				rest := key[len(tagPrefix):]
+				i := strings.LastIndexByte(rest, ':')
+				j := strings.IndexByte(rest, '/')
+				if i < 0 || j < 0 || j > i {
+					continue
+				}
+				var rec TagRecord
+				if it.Item().Value(func(b []byte) error { return json.Unmarshal(b, &rec) }) == nil && rec.Digest != "" {
+					found = append(found, member{rest[:j], rest[j+1 : i], rec.Digest})
+				}
+			case strings.HasPrefix(key, declaredPrefix):
+				rest := key[len(declaredPrefix):]
+				i := strings.LastIndexByte(rest, '@')
+				j := strings.IndexByte(rest, '/')
+				if i < 0 || j < 0 || j > i {
+					continue
+				}
+				d := digest.Digest(rest[i+1:])
+				declaredIn[d] = append(declaredIn[d], memberOf{rest[:j], rest[j+1 : i]})
+			case strings.HasPrefix(key, blobPrefix):
+				var rec BlobRecord
+				if it.Item().Value(func(b []byte) error { return json.Unmarshal(b, &rec) }) == nil && rec.MediaType != "" {
+					manifests = append(manifests, digest.Digest(key[len(blobPrefix):]))
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("giving older records their repositories: %w", err)
+	}
+	for _, d := range manifests {
+		named := map[digest.Digest]bool{}
+		// One level down: what d itself names.
+		if err := s.manifestDigests(ctx, d, named, maxPinnedManifestDepth-1); err != nil {
+			continue
+		}
+		for child := range named {
+			for _, in := range declaredIn[child] {
+				found = append(found, member{in.upstream, in.repo, d})
+			}
+		}
+	}
+	err = s.db.Update(func(txn *badger.Txn) error {
+		for _, m := range found {
+			if err := txn.Set(memberKey(m.upstream, m.repo, m.d), nil); err != nil {
+				return err
+			}
+		}
+		return txn.Set(membersMigratedKey, []byte(time.Now().UTC().Format(time.RFC3339)))
+	})
+	if err != nil {
+		return fmt.Errorf("giving older records their repositories: %w", err)
+	}
+	if len(found) > 0 {
+		s.log.Info("older records given their repositories", "records", len(found))
 	}
 	return nil
 }

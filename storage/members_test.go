@@ -3,6 +3,7 @@ package storage
 import (
 	"testing"
 
+	"github.com/dgraph-io/badger/v4"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -45,4 +46,49 @@ func TestMembers(t *testing.T) {
 	check(s, "from memory") // the same answers once cached
 	s.Close()
 	check(openStoreAt(t, dir), "after reopening")
+}
+
+// TestMembersMigrated: a store filled before membership was recorded
+// (tags and declared sizes only) gets, once, what they imply: the tag's
+// digest and the manifests naming declared digests are the repository's.
+func TestMembersMigrated(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s := openStoreAt(t, dir)
+	ctx := t.Context()
+	layer := digest.FromString("layer")
+	manifestBody := `{"schemaVersion":2,"config":{"digest":"` + digest.FromString("config").String() + `"},"layers":[{"digest":"` + layer.String() + `"}]}`
+	manifest := digest.FromString(manifestBody)
+	if err := s.PutBlob(ctx, manifest, []byte(manifestBody)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetMediaType(ctx, manifest, "application/vnd.oci.image.manifest.v1+json"); err != nil {
+		t.Fatal(err)
+	}
+	tagged := digest.FromString("the tag's index")
+	if err := s.PutTag(ctx, "r.example:5000", "team/app", "v1", TagRecord{Digest: tagged}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetDeclaredSizes(ctx, "r.example:5000", "team/other", map[digest.Digest]int64{layer: 5}); err != nil {
+		t.Fatal(err)
+	}
+	// As an older version left it: no member records, no mark.
+	if err := s.db.Update(func(txn *badger.Txn) error { return txn.Delete(membersMigratedKey) }); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = openStoreAt(t, dir)
+	for _, tt := range []struct {
+		repo string
+		d    digest.Digest
+		want bool
+	}{
+		{"team/app", tagged, true},
+		{"team/other", manifest, true},
+		{"team/app", manifest, false},
+	} {
+		if got, err := s.IsMember(ctx, "r.example:5000", tt.repo, tt.d); err != nil || got != tt.want {
+			t.Errorf("IsMember(%s, %.19s) = %v, %v; want %v", tt.repo, tt.d, got, err, tt.want)
+		}
+	}
 }

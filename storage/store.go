@@ -109,6 +109,10 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
+	if err := s.migrateMembers(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return s, nil
 }
 

@@ -185,10 +185,24 @@ func (f *blobFetch) learnSize(ctx context.Context) error {
 		return f.checkSize(resp.ContentLength, responseHost(resp))
 	case resp.StatusCode == http.StatusTooManyRequests:
 		return f.r.statusError(f.ep.host, q.op(), resp) // asking again adds to the count
+	case resp.StatusCode >= 400 && resp.StatusCode < 500 && f.complete():
+		// Every byte is in already (a download resumed after a crash in
+		// its commit): no chunk will ask, so this refusal is the answer,
+		// and the bytes are not the repository's.
+		return f.r.statusError(f.ep.host, q.op(), resp)
 	}
 	// A refusal (404, 401, 403) comes again with the first chunk's GET,
 	// whose body, unlike a HEAD's, gives the upstream's reason for it.
 	return nil
+}
+
+// complete reports whether the writer holds every byte of a blob of known size.
+func (f *blobFetch) complete() bool {
+	if f.w.Size() < 0 {
+		return false
+	}
+	start, end := f.w.Missing(0)
+	return start == end
 }
 
 // checkSize compares the size the upstream claims with the size expected.

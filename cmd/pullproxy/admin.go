@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -161,4 +162,19 @@ func (f flushWriter) Write(p []byte) (int, error) {
 	n, err := f.w.Write(p)
 	f.rc.Flush()
 	return n, err
+}
+
+// adminClient returns the client and base URL that reach an admin
+// endpoint named as --server takes it: a URL (http://127.0.0.1:5001), or
+// unix:/path for a socket.
+func adminClient(server string) (*http.Client, string) {
+	path, ok := strings.CutPrefix(server, "unix:")
+	if !ok {
+		return http.DefaultClient, strings.TrimSuffix(server, "/")
+	}
+	return &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", path)
+		},
+	}}, "http://pullproxy-admin"
 }

@@ -67,10 +67,10 @@ func TestSeedThenServeOffline(t *testing.T) {
 	}
 
 	// Into a running server, through its admin endpoint.
-	running := startProxy(t, "--data-dir", t.TempDir(), "--upstream", host+"="+reg.URL())
-	if running.AdminURL == "" {
-		t.Fatal("no admin endpoint")
-	}
+	// The admin endpoint on a unix socket, as a node-local deployment has it.
+	socket := filepath.Join(t.TempDir(), "admin.sock")
+	running := startProxy(t, "--data-dir", t.TempDir(), "--upstream", host+"="+reg.URL(), "--admin-listen", "unix:"+socket)
+	running.AdminURL = "unix:" + socket
 	out, err = runPullproxy(ctx, t, "seed", "--server", running.AdminURL, host+"/app/small:v1", host+"/app/none:v1")
 	if err == nil || !strings.Contains(out, "seeded "+host+"/app/small:v1") || !strings.Contains(out, "error "+host+"/app/none:v1") {
 		t.Errorf("seed through the admin endpoint: want app/small seeded and app/none refused, got %v\n%s", err, out)

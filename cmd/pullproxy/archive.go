@@ -188,11 +188,12 @@ func exportImages(ctx context.Context, srv http.Handler, pins []pinnedImage, tmp
 // archive, and writes it to out.
 func exportThroughServer(ctx context.Context, server string, refs []string, out string, stdout io.Writer) error {
 	q := url.Values{"ref": refs}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(server, "/")+"/export?"+q.Encode(), nil)
+	client, base := adminClient(server)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/export?"+q.Encode(), nil)
 	if err != nil {
 		return fmt.Errorf("export: --server %q: %w", server, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("export: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
 	}

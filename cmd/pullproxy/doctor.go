@@ -475,8 +475,9 @@ func (d *doctorRun) path(ctx context.Context, name string) {
 		d.skip("path", "give --server (the admin endpoint) for the fetcher's live cut rates, or run pullproxy probe")
 		return
 	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(d.server, "/")+"/debug/upstreams", nil)
-	resp, err := http.DefaultClient.Do(req)
+	client, base := adminClient(d.server)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/upstreams", nil)
+	resp, err := client.Do(req)
 	if err != nil {
 		d.warn("path", err.Error(), "no live state", "the admin endpoint does not answer", "here")
 		return

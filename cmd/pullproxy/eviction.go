@@ -129,7 +129,11 @@ const evictionInterval = time.Minute
 
 // startEviction sets the store's bound, registers its metrics and runs the
 // evictor until ctx ends; the returned func waits for it.
-func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, reg prometheus.Registerer, log *slog.Logger) (wait func(), err error) {
+//
+// A command (seed, import, export: background false) evicts only with an
+// explicit max_size, and only to make room: it must not take away, on a
+// disk filled by other things, what a site cannot fetch again.
+func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, reg prometheus.Registerer, log *slog.Logger, background bool) (wait func(), err error) {
 	var pins []pinnedImage
 	for _, s := range cfg.Pin {
 		p, err := parsePin(s)
@@ -139,10 +143,17 @@ func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, re
 		pins = append(pins, p)
 	}
 	bound := cfg.MaxSize
-	if cfg.Offline && !bound.set {
+	offline := cfg.Offline
+	for _, u := range cfg.Upstreams {
+		offline = offline || u.Offline
+	}
+	switch {
+	case offline && !bound.set:
 		// What is evicted offline could not be fetched again.
 		bound = storeBound{off: true, set: true}
-		log.Info("offline: nothing is evicted unless max_size is set")
+		log.Info("an upstream is offline: nothing is evicted unless max_size is set")
+	case !background && !bound.set:
+		bound = storeBound{off: true, set: true}
 	}
 	policy := bound.policy()
 	policy.Pinned = pinnedDigests(store, pins)
@@ -176,7 +187,7 @@ func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, re
 	}
 	bytes, blobs := store.Usage()
 	log.Info("store bound", "max_size", bound.String(), "pinned_images", len(pins), "store_bytes", bytes, "store_blobs", blobs)
-	if bound.off {
+	if bound.off || !background {
 		return func() {}, nil
 	}
 	done := make(chan struct{})

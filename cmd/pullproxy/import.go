@@ -156,8 +156,8 @@ func (imp *importer) run(ctx context.Context, dataDir string) (err error) {
 }
 
 // archiveKind tells an OCI image layout (index.json) from a docker-save
-// tar (manifest.json); a layout that also has manifest.json (docker save
-// since 25) is read as a layout.
+// tar (manifest.json); one with both (docker save since 25) is read as a
+// docker-save tar, whose manifest.json names its images fully.
 func archiveKind(file string) (string, error) {
 	f, err := os.Open(file)
 	if err != nil {
@@ -165,7 +165,7 @@ func archiveKind(file string) (string, error) {
 	}
 	defer f.Close()
 	tr := tar.NewReader(f)
-	docker := false
+	docker, oci := false, false
 	last := ""
 	for {
 		hdr, err := tr.Next()
@@ -183,13 +183,18 @@ func archiveKind(file string) (string, error) {
 		last = hdr.Name
 		switch strings.TrimPrefix(hdr.Name, "./") {
 		case "index.json":
-			return "oci", nil
+			oci = true
 		case "manifest.json":
 			docker = true
 		}
 	}
+	// docker save (since Docker 25) writes both, and names the images
+	// fully only in manifest.json: read it as a docker-save tar.
 	if docker {
 		return "docker", nil
+	}
+	if oci {
+		return "oci", nil
 	}
 	return "", errors.New("neither an OCI image layout (no index.json) nor a docker-save tar (no manifest.json)")
 }
@@ -481,14 +486,14 @@ func importThroughServer(ctx context.Context, server string, files []string, out
 		if err != nil {
 			return fmt.Errorf("import: %w", err)
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost,
-			strings.TrimSuffix(server, "/")+"/import?name="+url.QueryEscape(file), f)
+		client, base := adminClient(server)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/import?name="+url.QueryEscape(file), f)
 		if err != nil {
 			f.Close()
 			return fmt.Errorf("import: --server %q: %w", server, err)
 		}
 		req.Header.Set("Content-Type", "application/x-tar")
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := client.Do(req)
 		f.Close()
 		if err != nil {
 			return fmt.Errorf("import: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,8 +38,8 @@ func (m *mirror) Close() {
 }
 
 // openMirror opens cfg's data dir, sets its eviction bound, and builds the
-// server over cfg's upstreams. background starts the scrub too (a server's
-// work, not a command's).
+// server over cfg's upstreams. background starts the scrub and the evictor
+// too (a server's work, not a command's).
 func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLog *proxy.RequestLog, background bool) (_ *mirror, err error) {
 	m := &mirror{reg: prometheus.NewRegistry()}
 	defer func() {
@@ -57,11 +59,12 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 	}
 	m.store = store
 	m.closers = append(m.closers, func() { store.Close() })
+	removeLeftovers(cfg.DataDir, log)
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_store_damaged_blobs_total",
 		Help: "Stored blobs found damaged on disk (wrong size or digest) and quarantined, to be fetched again."},
 		func() float64 { return float64(store.Damaged()) }))
 	evictCtx, stopEviction := context.WithCancel(ctx)
-	waitEviction, err := startEviction(evictCtx, cfg, store, reg, log)
+	waitEviction, err := startEviction(evictCtx, cfg, store, reg, log, background)
 	if err != nil {
 		stopEviction()
 		return nil, err
@@ -151,5 +154,24 @@ func newRegistry(u upstreamConfig, urls []string, log *slog.Logger, m *upstream.
 			upOpts = append(upOpts, upstream.WithEndpointRegion(e.URL, e.Region))
 		}
 	}
-	return upstream.New(u.Name, urls, upOpts...)
+	// Canonical (docker.io for registry-1.docker.io, lower case): the
+	// store's keys, offline upstreams, pins and imports all use it.
+	return upstream.New(upstream.CanonicalName(u.Name), urls, upOpts...)
+}
+
+// leftoverPatterns are the temporary files and directories imports and
+// exports make in the data dir, which a kill leaves behind.
+var leftoverPatterns = []string{".import-*", ".import-upload-*", ".export-*", ".pullproxy-export-*"}
+
+// removeLeftovers removes what killed imports and exports left in the
+// data dir: the store is open, so no other process is using them.
+func removeLeftovers(dataDir string, log *slog.Logger) {
+	for _, pattern := range leftoverPatterns {
+		paths, _ := filepath.Glob(filepath.Join(dataDir, pattern))
+		for _, p := range paths {
+			if err := os.RemoveAll(p); err == nil {
+				log.Info("removed what an interrupted import or export left", "path", filepath.Base(p))
+			}
+		}
+	}
 }

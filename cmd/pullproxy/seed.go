@@ -124,12 +124,13 @@ func seedImages(ctx context.Context, srv *proxy.Server, req seedRequest, out io.
 // copies what it reports to out.
 func seedThroughServer(ctx context.Context, server string, req seedRequest, out io.Writer) error {
 	body, _ := json.Marshal(req)
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(server, "/")+"/seed", strings.NewReader(string(body)))
+	client, base := adminClient(server)
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/seed", strings.NewReader(string(body)))
 	if err != nil {
 		return fmt.Errorf("seed: --server %q: %w", server, err)
 	}
 	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(hreq)
+	resp, err := client.Do(hreq)
 	if err != nil {
 		return fmt.Errorf("seed: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
 	}

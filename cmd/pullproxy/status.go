@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/pullproxy/pullproxy/upstream"
@@ -24,11 +23,12 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(*server, "/")+"/debug/upstreams", nil)
+	client, base := adminClient(*server)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/upstreams", nil)
 	if err != nil {
 		return fmt.Errorf("status: --server %q: %w", *server, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("status: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
 	}
