@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"errors"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -39,5 +40,25 @@ func TestStatus(t *testing.T) {
 	e = r.Status().Endpoints[0]
 	if e.Up || e.DownUntil.IsZero() || e.Failures != 1 || e.LastError != "dial tcp: connection refused" || e.LastErrAt.IsZero() {
 		t.Errorf("after a failure: %+v", e)
+	}
+}
+
+// TestCompleteWriterRefused: a writer that holds every byte already (a
+// download resumed after a crash in its commit) does not make a blob the
+// upstream refuses for this repository a fetched one.
+func TestCompleteWriterRefused(t *testing.T) {
+	t.Parallel()
+	blob := randomBlob(1000)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v2/" {
+			return
+		}
+		http.Error(w, `{"errors":[{"code":"BLOB_UNKNOWN","message":"blob unknown"}]}`, http.StatusNotFound)
+	}))
+	t.Cleanup(srv.Close)
+	r := newTestRegistry(t, srv.URL)
+	w := newPrefilled(t, int64(len(blob)), blob, len(blob))
+	if _, err := r.FetchBlob(t.Context(), "other/repo", digest.FromBytes(blob), w); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a complete writer, the upstream refusing: err %v, want ErrNotFound", err)
 	}
 }
