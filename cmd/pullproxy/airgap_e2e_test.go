@@ -242,6 +242,12 @@ func TestExportImportOffline(t *testing.T) {
 			t.Errorf("containerd lacks %s", d.Digest)
 		}
 	}
+	// ctr reads the export too, naming the image by its full reference.
+	if out, err := d.Ctr(ctx, "image", "import", "--all-platforms", "--no-unpack", exported); err != nil {
+		t.Errorf("ctr image import of the export: %v\n%s", err, out)
+	} else if out, err := d.Ctr(ctx, "image", "ls", "-q"); err != nil || !strings.Contains(string(out), host+"/app/big:v1") {
+		t.Errorf("ctr image ls after importing the export: %v\n%s", err, out)
+	}
 	if out, err := exec.CommandContext(ctx, "crane", "ls", "--insecure", strings.TrimPrefix(p.URL, "http://")+"/"+host+"/app/big").CombinedOutput(); err != nil ||
 		strings.TrimSpace(string(out)) != "v1" {
 		t.Errorf("crane ls offline: %v\n%s", err, out)

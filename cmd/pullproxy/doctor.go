@@ -126,6 +126,8 @@ type doctorRun struct {
 	server   string
 	steps    []doctorStep
 	metrics  *prometheus.Registry
+	// space reads a file system's free and total bytes; nil: statfs.
+	space func(path string) (free, total int64, err error)
 }
 
 func (d *doctorRun) ok(step, detail string) {
@@ -518,12 +520,15 @@ func (d *doctorRun) disk() {
 		d.skip("disk "+dir, "no data dir yet")
 		return
 	}
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
+	space := d.space
+	if space == nil {
+		space = statfs
+	}
+	free, total, err := space(dir)
+	if err != nil {
 		d.warn("disk "+dir, err.Error(), "disk", "cannot tell the free space", "here")
 		return
 	}
-	free, total := int64(st.Bavail)*int64(st.Bsize), int64(st.Blocks)*int64(st.Bsize)
 	detail := fmt.Sprintf("%s free of %s", humanBytes(free), humanBytes(total))
 	if total > 0 && free*10 < total {
 		d.fail("disk "+dir, detail, "disk nearly full", "cold pulls need room: free or grow the disk, or lower max_size so eviction keeps it", "here")
@@ -551,4 +556,14 @@ func gaugeValue(reg *prometheus.Registry, metric, name string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// statfs returns the free (to unprivileged users) and total bytes of the
+// file system holding path.
+func statfs(path string) (free, total int64, err error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(path, &st); err != nil {
+		return 0, 0, err
+	}
+	return int64(st.Bavail) * int64(st.Bsize), int64(st.Blocks) * int64(st.Bsize), nil
 }

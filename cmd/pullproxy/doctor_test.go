@@ -11,12 +11,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
 
+	"github.com/pullproxy/pullproxy/internal/ecrtest"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
@@ -195,4 +197,70 @@ func TestDoctorSeesTheCuts(t *testing.T) {
 		}
 	}
 	t.Errorf("doctor did not report the cuts (carrier: %+v):\n%s", path.Stats(), out)
+}
+
+// TestDoctorDisk: a data dir's file system under a tenth free fails,
+// fixed here; more is fine.
+func TestDoctorDisk(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		free, total int64
+		verdict     string
+	}{
+		{9 << 30, 100 << 30, "fail"},
+		{30 << 30, 100 << 30, "ok"},
+	} {
+		d := &doctorRun{cfg: fileConfig{DataDir: t.TempDir()},
+			space: func(string) (int64, int64, error) { return tt.free, tt.total, nil }}
+		d.disk()
+		if len(d.steps) != 1 || d.steps[0].Verdict != tt.verdict ||
+			tt.verdict == "fail" && (d.steps[0].Class != "disk nearly full" || d.steps[0].Where != "here") {
+			t.Errorf("%d of %d free: %+v, want %s", tt.free, tt.total, d.steps, tt.verdict)
+		}
+	}
+}
+
+// TestDoctorECRWrongRegion: an ECR endpoint given the wrong region gets a
+// token its registry refuses with ECR's 403: doctor says so, as a fix here.
+func TestDoctorECRWrongRegion(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	api := ecrtest.NewAPI(time.Hour)
+	apiSrv := httptest.NewServer(api)
+	t.Cleanup(apiSrv.Close)
+	backend := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	plain := httptest.NewServer(backend)
+	t.Cleanup(plain.Close)
+	pushTags(t, plain.URL, "team/app", "v1")
+	east1 := httptest.NewServer(ecrtest.NewRegistry("us-east-1", api, backend))
+	t.Cleanup(east1.Close)
+	const ecrHost = "123456789012.dkr.ecr.us-east-1.amazonaws.com"
+	dir := t.TempDir()
+	config := writeConfig(t, fmt.Sprintf("data_dir: %s\nupstreams:\n  - name: %s\n    endpoints:\n      - url: %s\n        region: us-east-2\n"+
+		"    auth: {type: ecr, api_endpoint: %s}\n", dir, ecrHost, east1.URL, apiSrv.URL))
+	cmd := exec.CommandContext(ctx, pullproxyBin, "doctor", "--json", "--config", config, ecrHost+"/team/app:v1")
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=AKIDTEST", "AWS_SECRET_ACCESS_KEY=secret-aws-key",
+		"AWS_CONFIG_FILE="+filepath.Join(dir, "none"), "AWS_SHARED_CREDENTIALS_FILE="+filepath.Join(dir, "none"),
+		"AWS_EC2_METADATA_DISABLED=true")
+	out, err := cmd.Output()
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != doctorFixHere {
+		t.Fatalf("doctor: %v, want exit %d\n%s", err, doctorFixHere, out)
+	}
+	var steps []doctorStep
+	if err := json.Unmarshal(out, &steps); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range steps {
+		if s.Verdict == "fail" {
+			if s.Class != "ECR token refused" || !strings.Contains(s.Fix, "region") {
+				t.Errorf("failing step %+v, want ECR token refused, naming the region", s)
+			}
+			if strings.Contains(string(out), ecrtest.TokenPrefix) {
+				t.Error("a token appears in doctor's output")
+			}
+			return
+		}
+	}
+	t.Errorf("no step failed:\n%s", out)
 }
