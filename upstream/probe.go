@@ -50,21 +50,14 @@ type ProbeOptions struct {
 // must not reuse connections) and reports what happened.
 func ProbeSession(ctx context.Context, client *http.Client, target string, opts ProbeOptions) SessionResult {
 	res := SessionResult{Target: target}
-	start := time.Now()
-	stall := opts.StallTimeout
-	if stall <= 0 {
-		stall = 10 * time.Second
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var stalled atomic.Bool
-	timer := time.AfterFunc(stall, func() { stalled.Store(true); cancel() })
-	defer timer.Stop()
+	w := startWatch(ctx, opts)
+	defer w.stop()
+	ctx = w.ctx
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
 		res.Outcome, res.Error = "error", err.Error()
-		res.Took = time.Since(start)
+		res.Took = time.Since(w.start)
 		return res
 	}
 	for k, v := range opts.Header {
@@ -74,7 +67,7 @@ func ProbeSession(ctx context.Context, client *http.Client, target string, opts 
 		req.Header.Set("Range", fmt.Sprintf("bytes=0-%d", opts.Bytes-1))
 	}
 	resp, err := client.Do(req)
-	return readProbe(res, start, resp, err, timer, stall, &stalled)
+	return readProbe(res, resp, err, w)
 }
 
 // ProbeBlob is ProbeSession for blob d of repo on the upstream's first
@@ -83,29 +76,48 @@ func ProbeSession(ctx context.Context, client *http.Client, target string, opts 
 func (r *Registry) ProbeBlob(ctx context.Context, client *http.Client, repo string, d digest.Digest, opts ProbeOptions) SessionResult {
 	ep := r.endpoints[0]
 	res := SessionResult{Target: ep.url.Redacted() + "/v2/" + repo + "/blobs/" + d.String()}
-	start := time.Now()
-	stall := opts.StallTimeout
-	if stall <= 0 {
-		stall = 10 * time.Second
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var stalled atomic.Bool
-	timer := time.AfterFunc(stall, func() { stalled.Store(true); cancel() })
-	defer timer.Stop()
+	w := startWatch(ctx, opts)
+	defer w.stop()
+	ctx = w.ctx
 	q := request{method: http.MethodGet, repo: repo, path: "blobs/" + d.String(), header: http.Header{}, client: client}
 	if opts.Bytes > 0 {
 		q.header.Set("Range", fmt.Sprintf("bytes=0-%d", opts.Bytes-1))
 	}
 	resp, err := r.send(ctx, ep, q)
-	return readProbe(res, start, resp, err, timer, stall, &stalled)
+	return readProbe(res, resp, err, w)
+}
+
+// watch times a probe session and cancels it once it has received
+// nothing for the stall timeout.
+type watch struct {
+	ctx     context.Context
+	cancel  context.CancelFunc
+	start   time.Time
+	stall   time.Duration
+	stalled atomic.Bool
+	timer   *time.Timer
+}
+
+func startWatch(ctx context.Context, opts ProbeOptions) *watch {
+	w := &watch{start: time.Now(), stall: opts.StallTimeout}
+	if w.stall <= 0 {
+		w.stall = 10 * time.Second
+	}
+	w.ctx, w.cancel = context.WithCancel(ctx)
+	w.timer = time.AfterFunc(w.stall, func() { w.stalled.Store(true); w.cancel() })
+	return w
+}
+
+func (w *watch) stop() {
+	w.timer.Stop()
+	w.cancel()
 }
 
 // readProbe reads a probe session's answer to its end, or its death.
-func readProbe(res SessionResult, start time.Time, resp *http.Response, err error, timer *time.Timer, stall time.Duration, stalled *atomic.Bool) (result SessionResult) {
-	defer func() { result.Took = time.Since(start) }()
+func readProbe(res SessionResult, resp *http.Response, err error, w *watch) (result SessionResult) {
+	defer func() { result.Took = time.Since(w.start) }()
 	if err != nil {
-		res.Outcome, res.Error = probeOutcome(err, stalled.Load()), err.Error()
+		res.Outcome, res.Error = probeOutcome(err, w.stalled.Load()), err.Error()
 		return res
 	}
 	defer resp.Body.Close()
@@ -118,7 +130,7 @@ func readProbe(res SessionResult, start time.Time, resp *http.Response, err erro
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			res.Bytes += int64(n)
-			timer.Reset(stall)
+			w.timer.Reset(w.stall)
 		}
 		if errors.Is(err, io.EOF) {
 			if resp.ContentLength >= 0 && res.Bytes < resp.ContentLength {
@@ -129,7 +141,7 @@ func readProbe(res SessionResult, start time.Time, resp *http.Response, err erro
 			return res
 		}
 		if err != nil {
-			res.Outcome, res.Error = probeOutcome(err, stalled.Load()), err.Error()
+			res.Outcome, res.Error = probeOutcome(err, w.stalled.Load()), err.Error()
 			return res
 		}
 	}

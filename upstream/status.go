@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -100,16 +101,6 @@ func (c *ECRCredentials) expiries() []TokenStatus {
 	for region, tok := range c.tokens {
 		out = append(out, TokenStatus{Region: region, Expires: tok.expires})
 	}
-	slices.SortFunc(out, func(a, b TokenStatus) int { return compareStrings(a.Region, b.Region) })
+	slices.SortFunc(out, func(a, b TokenStatus) int { return strings.Compare(a.Region, b.Region) })
 	return out
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -177,4 +178,32 @@ func adminClient(server string) (*http.Client, string) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", path)
 		},
 	}}, "http://pullproxy-admin"
+}
+
+// errAdminRefused: the admin endpoint answered, with a status other than 200.
+var errAdminRefused = errors.New("the admin endpoint refused")
+
+// adminCall sends a request to the admin endpoint named by server (see
+// adminClient) and returns its answer, which is a 200: any other status is
+// an error wrapping errAdminRefused with what the endpoint said. The caller
+// closes the body.
+func adminCall(ctx context.Context, server, method, pathAndQuery, contentType string, body io.Reader) (*http.Response, error) {
+	client, base := adminClient(server)
+	req, err := http.NewRequestWithContext(ctx, method, base+pathAndQuery, body)
+	if err != nil {
+		return nil, fmt.Errorf("--server %q: %w", server, err)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		return nil, fmt.Errorf("%w: %s: %s", errAdminRefused, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return resp, nil
 }

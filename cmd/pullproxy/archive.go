@@ -188,20 +188,11 @@ func exportImages(ctx context.Context, srv http.Handler, pins []pinnedImage, tmp
 // archive, and writes it to out.
 func exportThroughServer(ctx context.Context, server string, refs []string, out string, stdout io.Writer) error {
 	q := url.Values{"ref": refs}
-	client, base := adminClient(server)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/export?"+q.Encode(), nil)
+	resp, err := adminCall(ctx, server, http.MethodGet, "/export?"+q.Encode(), "", nil)
 	if err != nil {
-		return fmt.Errorf("export: --server %q: %w", server, err)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return fmt.Errorf("export: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
+		return fmt.Errorf("export: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("export: the admin endpoint answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
-	}
 	var got atomic.Int64
 	progress := startProgress(stdout, isTerminal(stdout), "exporting", func() (int64, int64, string) { return got.Load(), 0, "" })
 	err = writeFileAtomicFunc(out, func(w io.Writer) error {

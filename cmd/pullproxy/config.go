@@ -363,3 +363,13 @@ func hostOf(rawURL string) string {
 	}
 	return ""
 }
+
+// upstream returns the configured upstream of canonical name name, or nil.
+func (c *fileConfig) upstream(name string) *upstreamConfig {
+	for i := range c.Upstreams {
+		if upstream.CanonicalName(c.Upstreams[i].Name) == name {
+			return &c.Upstreams[i]
+		}
+	}
+	return nil
+}

@@ -152,12 +152,7 @@ func (d *doctorRun) run(ctx context.Context, ref string) {
 		d.fail("reference", err.Error(), "wrong reference", "write it as registry/repository:tag, e.g. docker.io/library/alpine:3.20", "here")
 		return
 	}
-	var up *upstreamConfig
-	for i := range d.cfg.Upstreams {
-		if upstream.CanonicalName(d.cfg.Upstreams[i].Name) == img.upstream {
-			up = &d.cfg.Upstreams[i]
-		}
-	}
+	up := d.cfg.upstream(img.upstream)
 	if up == nil {
 		d.fail("upstream "+img.upstream, "not configured", "configuration",
 			"add "+img.upstream+" to upstreams (or --upstream "+img.upstream+"=https://...)", "here")
@@ -477,9 +472,7 @@ func (d *doctorRun) path(ctx context.Context, name string) {
 		d.skip("path", "give --server (the admin endpoint) for the fetcher's live cut rates, or run pullproxy probe")
 		return
 	}
-	client, base := adminClient(d.server)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/upstreams", nil)
-	resp, err := client.Do(req)
+	resp, err := adminCall(ctx, d.server, http.MethodGet, "/debug/upstreams", "", nil)
 	if err != nil {
 		d.warn("path", err.Error(), "no live state", "the admin endpoint does not answer", "here")
 		return

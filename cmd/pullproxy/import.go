@@ -486,22 +486,20 @@ func importThroughServer(ctx context.Context, server string, files []string, out
 		if err != nil {
 			return fmt.Errorf("import: %w", err)
 		}
-		client, base := adminClient(server)
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/import?name="+url.QueryEscape(file), f)
-		if err != nil {
-			f.Close()
-			return fmt.Errorf("import: --server %q: %w", server, err)
-		}
-		req.Header.Set("Content-Type", "application/x-tar")
-		resp, err := client.Do(req)
+		resp, err := adminCall(ctx, server, http.MethodPost, "/import?name="+url.QueryEscape(file), "application/x-tar", f)
 		f.Close()
+		if errors.Is(err, errAdminRefused) {
+			fmt.Fprintln(out, err)
+			failed++
+			continue
+		}
 		if err != nil {
-			return fmt.Errorf("import: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
+			return fmt.Errorf("import: %w", err)
 		}
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		text := strings.TrimSpace(string(body))
-		if err != nil || resp.StatusCode != http.StatusOK || !strings.HasSuffix(text, "done") {
+		if err != nil || !strings.HasSuffix(text, "done") {
 			fmt.Fprintln(out, text)
 			failed++
 			continue

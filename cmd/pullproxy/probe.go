@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -245,12 +246,7 @@ func probeImage(ctx context.Context, af archiveFlags, ref, platform string, clie
 	if err != nil {
 		return nil, err
 	}
-	var up *upstreamConfig
-	for i := range cfg.Upstreams {
-		if upstream.CanonicalName(cfg.Upstreams[i].Name) == img.upstream {
-			up = &cfg.Upstreams[i]
-		}
-	}
+	up := cfg.upstream(img.upstream)
 	if up == nil || len(up.Endpoints) == 0 {
 		return nil, fmt.Errorf("probe: %s is not a configured upstream (--config, --upstream)", img.upstream)
 	}
@@ -287,18 +283,8 @@ func probeImage(ctx context.Context, af archiveFlags, ref, platform string, clie
 	if err := json.Unmarshal(body, &man); err != nil || len(man.Layers) == 0 {
 		return nil, fmt.Errorf("probe: %s: no layer to read", ref)
 	}
-	largest := slices.MaxFunc(man.Layers, func(a, b ocispec.Descriptor) int { return cmpInt64(a.Size, b.Size) })
+	largest := slices.MaxFunc(man.Layers, func(a, b ocispec.Descriptor) int { return cmp.Compare(a.Size, b.Size) })
 	return func(ctx context.Context) upstream.SessionResult {
 		return reg.ProbeBlob(ctx, client, img.repo, largest.Digest, opts)
 	}, nil
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

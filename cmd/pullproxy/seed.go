@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -124,21 +125,11 @@ func seedImages(ctx context.Context, srv *proxy.Server, req seedRequest, out io.
 // copies what it reports to out.
 func seedThroughServer(ctx context.Context, server string, req seedRequest, out io.Writer) error {
 	body, _ := json.Marshal(req)
-	client, base := adminClient(server)
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/seed", strings.NewReader(string(body)))
+	resp, err := adminCall(ctx, server, http.MethodPost, "/seed", "application/json", bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("seed: --server %q: %w", server, err)
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := client.Do(hreq)
-	if err != nil {
-		return fmt.Errorf("seed: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
+		return fmt.Errorf("seed: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("seed: the admin endpoint answered %s: %s", resp.Status, strings.TrimSpace(string(b)))
-	}
 	ok := false
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {

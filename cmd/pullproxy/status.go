@@ -23,22 +23,14 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	client, base := adminClient(*server)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/upstreams", nil)
+	resp, err := adminCall(ctx, *server, http.MethodGet, "/debug/upstreams", "", nil)
 	if err != nil {
-		return fmt.Errorf("status: --server %q: %w", *server, err)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return fmt.Errorf("status: reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
+		return fmt.Errorf("status: %w", err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status: the admin endpoint answered %s", resp.Status)
 	}
 	if *asJSON {
 		_, err := stdout.Write(body)
