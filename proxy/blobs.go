@@ -71,6 +71,9 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 			s.fail(w, r, rt, o.miss(rt.repo, "blob "+d.String()))
 			return
 		}
+		if s.redirectToShared(w, r, rt, d) {
+			return
+		}
 		p, own, err := s.downloads.join(ctx, rt, d)
 		if errors.Is(err, errStored) {
 			continue
@@ -139,10 +142,53 @@ var (
 	immutable    = []string{"max-age=31536000"}
 )
 
+// redirectToShared answers a GET of a blob the shared bucket holds with a
+// redirect to it, when so configured, and reports whether it did.
+func (s *Server) redirectToShared(w http.ResponseWriter, r *http.Request, rt route, d digest.Digest) bool {
+	if s.sharedBlobs == nil || !s.sharedBlobs.Redirect() {
+		return false
+	}
+	url, err := s.sharedBlobs.BlobURL(r.Context(), d)
+	if err != nil {
+		if !errors.Is(err, storage.ErrNotFound) {
+			s.log.Warn("looking for a blob in the shared bucket: fetching it", "digest", d, "err", err)
+		}
+		return false
+	}
+	if err := s.inRepository(r.Context(), rt, kindBlob, d); err != nil {
+		s.fail(w, r, rt, err)
+		return true
+	}
+	setSource(w, sourceBucket)
+	h := w.Header()
+	delete(h, "Etag")
+	delete(h, "Accept-Ranges")
+	delete(h, "Cache-Control")
+	h.Set("Location", url)
+	w.WriteHeader(http.StatusTemporaryRedirect)
+	return true
+}
+
 // headBlob answers a HEAD for a blob not in the store without downloading it.
 func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d digest.Digest) {
 	var size int64
 	var err error
+	if s.sharedBlobs != nil {
+		size, err := s.sharedBlobs.StatBlob(r.Context(), d)
+		if err == nil {
+			if err = s.inRepository(r.Context(), rt, kindBlob, d); err != nil {
+				s.fail(w, r, rt, err)
+				return
+			}
+			setSource(w, sourceBucket)
+			w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		if !errors.Is(err, storage.ErrNotFound) {
+			s.log.Warn("looking for a blob in the shared bucket: asking the upstream", "digest", d, "err", err)
+		}
+	}
 	if p, own := s.downloads.lookup(rt, d); p != nil {
 		if err = s.ownOrInRepository(r.Context(), rt, d, own); err == nil {
 			size, err = p.WaitStarted(r.Context())
@@ -260,15 +306,17 @@ func copyAvailable(ctx context.Context, w io.Writer, f *os.File, p inflight, sta
 // Where an answer came from, as the Pullproxy-Source header says it: the
 // store, a download in flight (its bytes as they land), or the upstream
 // just now (a manifest, tag list or referrers fetched for this request).
-// A benchmark of a warm cache can check it is one.
+// A benchmark of a warm cache can check it is one. With a shared bucket,
+// "bucket" is a HEAD answered from it or a redirect to it.
 const (
 	sourceCache    = "cache"
 	sourceDownload = "download"
 	sourceUpstream = "upstream"
+	sourceBucket   = "bucket" // the bucket replicas share (a HEAD, or a redirect to it)
 )
 
 var sourceValues = map[string][]string{
-	sourceCache: {sourceCache}, sourceDownload: {sourceDownload}, sourceUpstream: {sourceUpstream},
+	sourceCache: {sourceCache}, sourceDownload: {sourceDownload}, sourceUpstream: {sourceUpstream}, sourceBucket: {sourceBucket},
 }
 
 // setSource says where the answer came from, in its header and to the

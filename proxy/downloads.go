@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -162,7 +163,25 @@ func (t *downloads) run(rt route, dl *download) {
 	resumed := p.Written()
 	log.Info("blob download started", "resumed_at", resumed)
 
-	report, err := rt.up.FetchBlob(ctx, rt.repo, d, p)
+	var report upstream.FetchReport
+	fetch := func(ctx context.Context) (err error) {
+		report, err = rt.up.FetchBlob(ctx, rt.repo, d, p)
+		return err
+	}
+	var shared *bucket.Fetch
+	source := bucket.SourceUpstream
+	var err error
+	if sb := t.srv.sharedBlobs; sb != nil {
+		// Bytes from the bucket were fetched for some repository: they
+		// are served for rt's only once it is known to hold them.
+		confirm := func(ctx context.Context) error { return t.srv.inRepository(ctx, rt, kindBlob, d) }
+		shared, err = sb.Fetch(ctx, p, confirm, fetch)
+		if shared != nil {
+			source = shared.Source
+		}
+	} else {
+		err = fetch(ctx)
+	}
 	served := report.Endpoint
 	switch {
 	case err == nil:
@@ -173,6 +192,9 @@ func (t *downloads) run(rt route, dl *download) {
 		p.Fail(err)
 	}
 	t.remove(d, dl)
+	// The blob's clients have it now; sharing it can take a while (its
+	// last part, then its assembly in the bucket).
+	shared.Finish(ctx, err)
 
 	if (errors.Is(err, storage.ErrDigestMismatch) || errors.Is(err, storage.ErrSizeMismatch)) && !errors.Is(err, storage.ErrChangedOnDisk) {
 		t.srv.metrics.verifyFailures.WithLabelValues(rt.up.Name()).Inc()
@@ -203,7 +225,7 @@ func (t *downloads) run(rt route, dl *download) {
 	fetched := p.Size() - resumed
 	log.Info("blob download committed", append([]any{"bytes", p.Size(), "fetched_bytes", fetched,
 		"duration", took.Round(time.Millisecond), "goodput_bytes_per_second", int64(float64(fetched) / max(took.Seconds(), 1e-3)),
-		"endpoint", served}, fetchAttrs(report)...)...)
+		"endpoint", served, "source", source}, fetchAttrs(report)...)...)
 }
 
 // fetchAttrs are the log attributes of how a download went: chunks

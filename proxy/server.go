@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -109,6 +110,7 @@ type Server struct {
 	manifests       ManifestStore
 	tags            TagStore
 	members         MemberStore
+	sharedBlobs     SharedBlobs // nil: none
 	upstreams       map[string]Upstream
 	defaultUpstream Upstream
 	tagTTL          time.Duration
@@ -171,6 +173,7 @@ type config struct {
 	requestLog   *RequestLog
 	registry     *prometheus.Registry
 	noBlobLoop   bool
+	sharedBlobs  SharedBlobs
 }
 
 // WithStore sets the store. Required.
@@ -312,6 +315,25 @@ func WithBlobLoop(enabled bool) Option {
 
 // WithMetricsRegistry registers the server's metrics with reg and serves reg
 // at /metrics. Default: a registry of the server's own.
+// SharedBlobs is the tier of blobs replicas share: *bucket.Bucket. A blob
+// the local store lacks is looked for there before the upstream, and
+// fetched through it (see bucket.Bucket.Fetch) so that replicas fetch
+// each blob from the upstream once between them.
+type SharedBlobs interface {
+	StatBlob(ctx context.Context, d digest.Digest) (int64, error)
+	// BlobURL returns a URL clients may GET d from, for Redirect.
+	BlobURL(ctx context.Context, d digest.Digest) (string, error)
+	// Redirect says whether GETs of blobs it holds are redirected to it.
+	Redirect() bool
+	Fetch(ctx context.Context, dl bucket.Download, confirm, fetch func(context.Context) error) (*bucket.Fetch, error)
+}
+
+// WithSharedBlobs puts a tier of blobs shared with other replicas behind
+// the store. Default (and for nil): none.
+func WithSharedBlobs(b SharedBlobs) Option {
+	return func(c *config) error { c.sharedBlobs = b; return nil }
+}
+
 func WithMetricsRegistry(reg *prometheus.Registry) Option {
 	return func(c *config) error { c.registry = reg; return nil }
 }
@@ -340,6 +362,7 @@ func New(opts ...Option) (*Server, error) {
 		manifests:   c.store,
 		tags:        c.store,
 		members:     c.store,
+		sharedBlobs: c.sharedBlobs,
 		upstreams:   map[string]Upstream{},
 		tagTTL:      c.tagTTL,
 		notFound:    newNotFound(c.notFoundTTL),

@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/pullproxy/pullproxy/proxy"
+	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -44,6 +45,7 @@ type fileConfig struct {
 	MaxSize         storeBound       `yaml:"max_size"`       // a size, a percentage of the file system, or off; default 85%
 	Pin             []string         `yaml:"pin"`            // images never evicted
 	Fetch           fetchConfig      `yaml:"fetch"`
+	Storage         storageConfig    `yaml:"storage"` // type s3: replicas sharing a bucket
 	Upstreams       []upstreamConfig `yaml:"upstreams"`
 
 	// CPUProfile is a file to write a CPU profile of the whole run to: a
@@ -76,6 +78,62 @@ func (f fetchConfig) options() upstream.FetchConfig {
 		MaxAttempts:         f.MaxAttempts,
 		MinGoodput:          int64(f.MinGoodput),
 	}
+}
+
+// storageConfig says where blobs and metadata are shared. The local data
+// dir is always used: alone (type local, the default), or as each
+// replica's cache in front of a bucket the replicas share (type s3).
+type storageConfig struct {
+	Type         string        `yaml:"type"` // local | s3
+	Bucket       string        `yaml:"bucket"`
+	Endpoint     string        `yaml:"endpoint"` // an S3-compatible server (MinIO, Ceph RGW); empty: AWS S3
+	Region       string        `yaml:"region"`
+	Prefix       string        `yaml:"prefix"`
+	PathStyle    bool          `yaml:"path_style"`
+	Serve        string        `yaml:"serve"`         // cache: through the replica; redirect: presigned URLs to the bucket
+	LeaseTTL     time.Duration `yaml:"lease_ttl"`     // a download whose replica stops renewing its lease this long is taken over
+	PartSize     byteSize      `yaml:"part_size"`     // uploads go up in parts of this size
+	StaleUploads time.Duration `yaml:"stale_uploads"` // uploads untouched this long are removed
+}
+
+func (c storageConfig) shared() bool { return c.Type == "s3" }
+
+func (c storageConfig) bucketConfig() bucket.Config {
+	return bucket.Config{Bucket: c.Bucket, Endpoint: c.Endpoint, Region: c.Region, Prefix: c.Prefix,
+		PathStyle: c.PathStyle, Redirect: c.Serve == "redirect", LeaseTTL: c.LeaseTTL,
+		PartSize: int64(c.PartSize), StaleUploads: c.StaleUploads}
+}
+
+func (c storageConfig) validate() error {
+	switch c.Type {
+	case "", "local":
+		if c.Bucket != "" {
+			return errors.New("storage: a bucket is named but type is not s3")
+		}
+		return nil
+	case "s3":
+	default:
+		return fmt.Errorf("storage: type %q: want local or s3", c.Type)
+	}
+	var errs []error
+	if c.Bucket == "" {
+		errs = append(errs, errors.New("storage: type s3 needs a bucket"))
+	}
+	if c.Serve != "" && c.Serve != "cache" && c.Serve != "redirect" {
+		errs = append(errs, fmt.Errorf("storage: serve %q: want cache or redirect", c.Serve))
+	}
+	if c.PartSize != 0 && c.PartSize < 5<<20 {
+		errs = append(errs, fmt.Errorf("storage: part_size %d is below S3's least part, 5MiB", c.PartSize))
+	}
+	if c.LeaseTTL < 0 || c.StaleUploads < 0 {
+		errs = append(errs, errors.New("storage: lease_ttl and stale_uploads must not be negative"))
+	}
+	if c.Endpoint != "" {
+		if u, err := url.Parse(c.Endpoint); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("storage: endpoint %q: want http(s)://host[:port]", c.Endpoint))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // byteSize is a size in bytes, written as a number or with a unit: 1MiB,
@@ -350,6 +408,9 @@ func (c *fileConfig) validate() error {
 	}
 	if c.TagTTL != nil && *c.TagTTL < 0 {
 		errs = append(errs, fmt.Errorf("tag_ttl %v is negative", *c.TagTTL))
+	}
+	if err := c.Storage.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.FetchTimeout != nil && *c.FetchTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("fetch_timeout %v is not positive", *c.FetchTimeout))

@@ -2,17 +2,20 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/pullproxy/pullproxy/proxy"
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -25,6 +28,7 @@ type mirror struct {
 	reg       *prometheus.Registry
 	names     []string             // upstreams, as logged: name=endpoints
 	upstreams []*upstream.Registry // the online ones, for their live state
+	bucket    *bucket.Bucket       // shared with other replicas; nil for a local store
 	maxConns  int
 	closers   []func() // run in reverse by Close
 }
@@ -84,13 +88,33 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 		m.closers = append(m.closers, func() { stopScrub(); <-scrubDone })
 	}
 
+	var served proxy.Store = store
+	var shared proxy.SharedBlobs
+	if cfg.Storage.shared() {
+		b, err := bucket.Open(ctx, cfg.Storage.bucketConfig(), bucket.WithLogger(log), bucket.WithMetrics(reg))
+		if err != nil {
+			return nil, fmt.Errorf("opening the shared bucket: %w", err)
+		}
+		served, shared, m.bucket = bucket.NewStore(store, b), b, b
+		if background {
+			janitorCtx, stopJanitor := context.WithCancel(ctx)
+			janitorDone := make(chan struct{})
+			go func() {
+				defer close(janitorDone)
+				b.RunJanitor(janitorCtx, time.Hour)
+			}()
+			m.closers = append(m.closers, func() { stopJanitor(); <-janitorDone })
+		}
+	}
+
 	clients, _ := proxy.ParseClientList(cfg.AllowClients) // checked by validate
 	m.maxConns = cfg.MaxClientConns
 	if m.maxConns == 0 {
 		m.maxConns = defaultMaxClientConnections()
 	}
 	opts := []proxy.Option{
-		proxy.WithStore(store),
+		proxy.WithStore(served),
+		proxy.WithSharedBlobs(shared),
 		proxy.WithLogger(log),
 		proxy.WithRequestLog(requestLog),
 		proxy.WithMetricsRegistry(reg),

@@ -1,0 +1,143 @@
+// Package miniotest runs a MinIO server on loopback for tests of the
+// shared bucket: a real S3-compatible server, with its conditional
+// writes, multipart uploads and server-side copies.
+package miniotest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+)
+
+// Credentials of the servers Start runs.
+const (
+	AccessKey = "pullproxytest"
+	SecretKey = "pullproxytest-secret"
+)
+
+// Available reports whether the minio binary is on PATH, and if not why.
+func Available() (bool, string) {
+	if _, err := exec.LookPath("minio"); err != nil {
+		return false, "minio is not installed (make deps builds it: go install github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c)"
+	}
+	return true, ""
+}
+
+// Server is a MinIO server on a loopback port.
+type Server struct {
+	Endpoint string // http://127.0.0.1:port
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	logPath  string
+}
+
+// Start runs MinIO over dir, and waits until it answers.
+func Start(ctx context.Context, dir string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	console, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	logPath := filepath.Join(dir, "minio.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	data := filepath.Join(dir, "data")
+	cmd := exec.Command("minio", "server", "--quiet", "--address", addr,
+		"--console-address", net.JoinHostPort("127.0.0.1", strconv.Itoa(console)), data)
+	cmd.Env = append(os.Environ(), "MINIO_ROOT_USER="+AccessKey, "MINIO_ROOT_PASSWORD="+SecretKey,
+		"MINIO_BROWSER=off", "MINIO_UPDATE=off", "HOME="+dir)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting minio: %w", err)
+	}
+	s := &Server{Endpoint: "http://" + addr, cmd: cmd, exited: make(chan struct{}), logPath: logPath}
+	go func() { cmd.Wait(); close(s.exited) }()
+	if err := s.waitReady(ctx); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Server) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.Endpoint+"/minio/health/ready", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-s.exited:
+			log, _ := os.ReadFile(s.logPath)
+			return fmt.Errorf("minio exited at start: %s", log)
+		case <-ctx.Done():
+			return fmt.Errorf("minio did not become ready at %s: %w", s.Endpoint, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Credentials returns the server's credentials.
+func (s *Server) Credentials() aws.CredentialsProvider {
+	return credentials.NewStaticCredentialsProvider(AccessKey, SecretKey, "")
+}
+
+// Client returns an S3 client of the server.
+func (s *Server) Client() *s3.Client {
+	return s3.New(s3.Options{Region: "us-east-1", Credentials: s.Credentials(),
+		BaseEndpoint: aws.String(s.Endpoint), UsePathStyle: true})
+}
+
+// CreateBucket creates a bucket.
+func (s *Server) CreateBucket(ctx context.Context, name string) error {
+	_, err := s.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)})
+	if err != nil {
+		return fmt.Errorf("creating bucket %s: %w", name, err)
+	}
+	return nil
+}
+
+// Stop stops the server.
+func (s *Server) Stop() error {
+	if s.cmd.Process == nil {
+		return nil
+	}
+	s.cmd.Process.Kill()
+	select {
+	case <-s.exited:
+		return nil
+	case <-time.After(10 * time.Second):
+		return errors.New("minio did not exit")
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

@@ -1,0 +1,509 @@
+package bucket
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/internal/miniotest"
+	"github.com/pullproxy/pullproxy/storage"
+)
+
+// testMinio starts MinIO with a fresh bucket, or skips when it is not
+// installed (fails under PULLPROXY_REQUIRE_TOOLS=1).
+func testMinio(t *testing.T) (*miniotest.Server, string) {
+	t.Helper()
+	if ok, why := miniotest.Available(); !ok {
+		if os.Getenv("PULLPROXY_REQUIRE_TOOLS") == "1" {
+			t.Fatal(why)
+		}
+		t.Skipf("skipping: %s (set PULLPROXY_REQUIRE_TOOLS=1 to make this an error)", why)
+	}
+	srv, err := miniotest.Start(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	if err := srv.CreateBucket(t.Context(), "layers"); err != nil {
+		t.Fatal(err)
+	}
+	return srv, "layers"
+}
+
+// testReplica is one replica's bucket handle and local store.
+type testReplica struct {
+	b     *Bucket
+	store *storage.Store
+}
+
+func newReplica(t *testing.T, srv *miniotest.Server, name string, cfg Config, opts ...Option) testReplica {
+	t.Helper()
+	cfg.Endpoint, cfg.PathStyle = srv.Endpoint, true
+	if cfg.PartSize == 0 {
+		cfg.PartSize = minPartSize
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
+	}
+	opts = append([]Option{WithCredentials(srv.Credentials()), WithReplicaID(name), WithLogger(log), withPoll(20 * time.Millisecond)}, opts...)
+	b, err := Open(t.Context(), cfg, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := storage.Open(t.Context(), t.TempDir(), storage.WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return testReplica{b: b, store: st}
+}
+
+// testUpstream serves a blob to a download, counting what it sends.
+type testUpstream struct {
+	blob  []byte
+	sent  atomic.Int64
+	delay time.Duration // per MiB
+	// stopAt, when set, makes the fetch stop (blocking until its context
+	// ends) once the download has this many bytes: a replica dying.
+	stopAt int64
+}
+
+func (u *testUpstream) fetch(dl Download) func(context.Context) error {
+	return func(ctx context.Context) error {
+		size := int64(len(u.blob))
+		if dl.Size() < 0 {
+			if err := dl.SetSize(size); err != nil {
+				return err
+			}
+		}
+		for off := int64(0); off < size; {
+			start, end := dl.Missing(off)
+			if start == end {
+				break
+			}
+			end = min(end, start+1<<20)
+			if u.stopAt > 0 && start >= u.stopAt {
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			if u.delay > 0 {
+				select {
+				case <-time.After(u.delay):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			if _, err := dl.WriteAt(u.blob[start:end], start); err != nil {
+				return err
+			}
+			u.sent.Add(end - start)
+			off = end
+		}
+		return nil
+	}
+}
+
+func randomBlob(n int, seed uint64) ([]byte, digest.Digest) {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b, digest.FromBytes(b)
+}
+
+func noConfirm(context.Context) error { return nil }
+
+// fetchAndCommit runs a replica's download of d through the bucket, as the
+// proxy does: Fetch, Commit, Finish.
+func fetchAndCommit(ctx context.Context, r testReplica, d digest.Digest, size int64, up *testUpstream) (Source, error) {
+	p, err := r.store.NewPartial(ctx, d, size)
+	if err != nil {
+		return "", err
+	}
+	f, err := r.b.Fetch(ctx, p, noConfirm, up.fetch(p))
+	if err != nil {
+		p.Abandon(err)
+		return "", err
+	}
+	err = p.Commit(ctx)
+	f.Finish(ctx, err)
+	return f.Source, err
+}
+
+func storedBlob(t *testing.T, r testReplica, d digest.Digest) []byte {
+	t.Helper()
+	f, _, err := r.store.OpenBlob(t.Context(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func bucketObjects(t *testing.T, srv *miniotest.Server, bucket, prefix string) []string {
+	t.Helper()
+	out, err := srv.Client().ListObjectsV2(t.Context(), &s3.ListObjectsV2Input{Bucket: &bucket, Prefix: &prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, o := range out.Contents {
+		keys = append(keys, aws.ToString(o.Key))
+	}
+	return keys
+}
+
+func TestLeaseTakenOnce(t *testing.T) {
+	srv, bucket := testMinio(t)
+	cfg := Config{Bucket: bucket}
+	const replicas = 6
+	rs := make([]testReplica, replicas)
+	for i := range rs {
+		rs[i] = newReplica(t, srv, "r"+string(rune('a'+i)), cfg)
+	}
+	_, d := randomBlob(10, 1)
+	var won atomic.Int32
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Go(func() {
+			h, err := r.b.take(t.Context(), d, lease{Size: 10, PartSize: minPartSize}, "")
+			switch {
+			case err == nil:
+				won.Add(1)
+				h.stop()
+			case !errors.Is(err, errPrecondition):
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if won.Load() != 1 {
+		t.Fatalf("%d replicas took the lease at once, want 1", won.Load())
+	}
+	// The holder's renewals go through; a write over a stale ETag does not.
+	cur, err := rs[0].b.readLease(t.Context(), d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rs[0].b.writeLease(t.Context(), d, cur.lease, `"stale"`); !errors.Is(err, errPrecondition) {
+		t.Fatalf("write over a stale ETag: got %v, want a precondition failure", err)
+	}
+}
+
+// Two replicas asked for the same cold blob at once: one fetches it from
+// the upstream, the other reads its parts as they land; a third, later,
+// reads it whole from the bucket. The upstream sends it once.
+func TestFetchSharedOnce(t *testing.T) {
+	srv, bucket := testMinio(t)
+	cfg := Config{Bucket: bucket}
+	a, b, c := newReplica(t, srv, "a", cfg), newReplica(t, srv, "b", cfg), newReplica(t, srv, "c", cfg)
+	blob, d := randomBlob(23<<20+12345, 2) // 5 parts, the last short
+	up := &testUpstream{blob: blob, delay: 10 * time.Millisecond}
+	size := int64(len(blob))
+
+	sources := make([]Source, 2)
+	var wg sync.WaitGroup
+	for i, r := range []testReplica{a, b} {
+		wg.Go(func() {
+			src, err := fetchAndCommit(t.Context(), r, d, size, up)
+			if err != nil {
+				t.Error(err)
+			}
+			sources[i] = src
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if got := up.sent.Load(); got != size {
+		t.Errorf("upstream sent %d bytes for two replicas at once, want %d (%.2fx)", got, size, float64(got)/float64(size))
+	}
+	slicesSorted := []string{string(sources[0]), string(sources[1])}
+	if !(strings.Contains(strings.Join(slicesSorted, ","), "upstream") && strings.Contains(strings.Join(slicesSorted, ","), "followed")) {
+		t.Errorf("sources %v: want one upstream and one followed", sources)
+	}
+	for _, r := range []testReplica{a, b} {
+		if !bytes.Equal(storedBlob(t, r, d), blob) {
+			t.Fatal("a replica stored other bytes than the blob's")
+		}
+	}
+
+	src, err := fetchAndCommit(t.Context(), c, d, size, up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src != SourceBucket || up.sent.Load() != size {
+		t.Errorf("third replica: source %s, upstream sent %d in all; want bucket and %d", src, up.sent.Load(), size)
+	}
+	if left := bucketObjects(t, srv, bucket, "uploads/"); len(left) > 0 {
+		t.Errorf("uploads left in the bucket after the blob was assembled: %v", left)
+	}
+	if n, err := c.b.StatBlob(t.Context(), d); err != nil || n != size {
+		t.Errorf("blob in the bucket: %d bytes, %v; want %d", n, err, size)
+	}
+}
+
+// A replica dies holding the lease with some parts uploaded: another,
+// waiting on it, takes the download over once the lease expires, reads the
+// parts uploaded, fetches only the rest from the upstream, and completes
+// the blob in the bucket.
+func TestTakeoverResumesFromParts(t *testing.T) {
+	srv, bucket := testMinio(t)
+	cfg := Config{Bucket: bucket, LeaseTTL: time.Second}
+	aNet := &cuttable{}
+	a, b := newReplica(t, srv, "a", cfg, withHTTPClient(&http.Client{Transport: aNet})), newReplica(t, srv, "b", cfg)
+	blob, d := randomBlob(4*minPartSize+4321, 3)
+	size := int64(len(blob))
+
+	// Replica a: its download gets 2.5 parts in, uploads 2, then hangs
+	// and stops renewing its lease, as a killed process would.
+	dying := &testUpstream{blob: blob, stopAt: 2*minPartSize + minPartSize/2}
+	pa, err := a.store.NewPartial(t.Context(), d, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, kill := context.WithCancel(t.Context())
+	defer kill()
+	aDone := make(chan struct{})
+	go func() {
+		defer close(aDone)
+		a.b.Fetch(actx, pa, noConfirm, dying.fetch(pa))
+	}()
+	waitFor(t, "replica a to upload two parts", func() bool {
+		l, err := a.b.readLease(t.Context(), d)
+		return err == nil && l.Parts == 2
+	})
+	aNet.cut.Store(true) // a is gone: it renews nothing, writes nothing
+
+	up := &testUpstream{blob: blob}
+	src, err := fetchAndCommit(t.Context(), b, d, size, up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src != SourceUpstream {
+		t.Errorf("source %s, want upstream (taken over)", src)
+	}
+	if want := size - 2*minPartSize; up.sent.Load() != want {
+		t.Errorf("the replica that took over fetched %d bytes from the upstream, want %d (all but the two parts uploaded)", up.sent.Load(), want)
+	}
+	if !bytes.Equal(storedBlob(t, b, d), blob) {
+		t.Fatal("stored other bytes than the blob's")
+	}
+	if n, err := b.b.StatBlob(t.Context(), d); err != nil || n != size {
+		t.Fatalf("blob in the bucket: %d bytes, %v; want %d", n, err, size)
+	}
+	o, err := b.b.get(t.Context(), "test", b.b.blobKey(d), 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, _ := io.ReadAll(o.body)
+	o.body.Close()
+	if digest.FromBytes(whole) != d {
+		t.Fatal("the blob assembled in the bucket does not match its digest")
+	}
+	kill()
+	<-aDone
+}
+
+// cuttable is a replica's network to the bucket, which a test can cut.
+type cuttable struct{ cut atomic.Bool }
+
+func (c *cuttable) RoundTrip(r *http.Request) (*http.Response, error) {
+	if c.cut.Load() {
+		return nil, errors.New("network cut by the test")
+	}
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A download that fails with its lease held releases it, keeping its
+// parts: the next replica takes it at once and goes on from them.
+func TestReleasedLeaseResumes(t *testing.T) {
+	srv, bucket := testMinio(t)
+	cfg := Config{Bucket: bucket, LeaseTTL: time.Minute}
+	a, b := newReplica(t, srv, "a", cfg), newReplica(t, srv, "b", cfg)
+	blob, d := randomBlob(3*minPartSize+99, 4)
+	size := int64(len(blob))
+	pa, err := a.store.NewPartial(t.Context(), d, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failing := &testUpstream{blob: blob, stopAt: 2 * minPartSize}
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		waitFor(t, "two parts uploaded", func() bool {
+			l, err := a.b.readLease(t.Context(), d)
+			return err == nil && l.Parts == 2
+		})
+		cancel() // the download fails: the upstream went away
+	}()
+	if _, err := a.b.Fetch(ctx, pa, noConfirm, failing.fetch(pa)); err == nil {
+		t.Fatal("Fetch succeeded with its upstream gone")
+	}
+	pa.Abandon(errors.New("gone"))
+	l, err := b.b.readLease(t.Context(), d)
+	if err != nil || l.Holder != "" || l.Parts != 2 {
+		t.Fatalf("lease after the failure: %+v, %v; want released with 2 parts", l.lease, err)
+	}
+	start := time.Now()
+	up := &testUpstream{blob: blob}
+	if _, err := fetchAndCommit(t.Context(), b, d, size, up); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > cfg.LeaseTTL/2 {
+		t.Errorf("took %v: waited for the released lease to expire", took)
+	}
+	if want := size - 2*minPartSize; up.sent.Load() != want {
+		t.Errorf("fetched %d bytes from the upstream, want %d", up.sent.Load(), want)
+	}
+}
+
+// Bytes that fail verification are not shared: the parts go, and the next
+// replica fetches the blob afresh.
+func TestCorruptUploadRemoved(t *testing.T) {
+	srv, bucket := testMinio(t)
+	cfg := Config{Bucket: bucket}
+	a, b := newReplica(t, srv, "a", cfg), newReplica(t, srv, "b", cfg)
+	blob, d := randomBlob(2*minPartSize+7, 5)
+	size := int64(len(blob))
+	bad := bytes.Clone(blob)
+	bad[100] ^= 1
+	if _, err := fetchAndCommit(t.Context(), a, d, size, &testUpstream{blob: bad}); !errors.Is(err, storage.ErrDigestMismatch) {
+		t.Fatalf("commit of corrupt bytes: got %v, want a digest mismatch", err)
+	}
+	if left := bucketObjects(t, srv, bucket, ""); len(left) > 0 {
+		t.Fatalf("objects left after a corrupt download: %v", left)
+	}
+	up := &testUpstream{blob: blob}
+	if src, err := fetchAndCommit(t.Context(), b, d, size, up); err != nil || src != SourceUpstream || up.sent.Load() != size {
+		t.Fatalf("next replica: %s, %v, %d bytes fetched; want upstream, nil, %d", src, err, up.sent.Load(), size)
+	}
+}
+
+// What a replica writes of manifests, tags and memberships, another reads.
+func TestStoreShares(t *testing.T) {
+	srv, bucket := testMinio(t)
+	cfg := Config{Bucket: bucket}
+	ra, rb := newReplica(t, srv, "a", cfg), newReplica(t, srv, "b", cfg)
+	a, b := NewStore(ra.store, ra.b), NewStore(rb.store, rb.b)
+	ctx := t.Context()
+	manifest := []byte(`{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json"}`)
+	md := digest.FromBytes(manifest)
+	const mt = "application/vnd.oci.image.manifest.v1+json"
+	if err := a.PutBlob(ctx, md, manifest); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetMediaType(ctx, md, mt); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.ReadBlob(ctx, md, 1<<20)
+	if err != nil || !bytes.Equal(got, manifest) {
+		t.Fatalf("manifest read by the other replica: %q, %v", got, err)
+	}
+	if rec, err := b.Blob(ctx, md); err != nil || rec.MediaType != mt {
+		t.Fatalf("its media type: %q, %v; want %s", rec.MediaType, err, mt)
+	}
+	if _, err := b.ReadBlob(ctx, digest.FromString("none"), 1<<20); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("missing manifest: got %v, want not found", err)
+	}
+
+	rec := storage.TagRecord{Digest: md, MediaType: mt, Size: int64(len(manifest)), CheckedAt: time.Now().Truncate(time.Second)}
+	if err := a.PutTag(ctx, "docker.io", "library/app", "v1", rec); err != nil {
+		t.Fatal(err)
+	}
+	// b has its own older answer: the bucket's wins.
+	if err := rb.store.PutTag(ctx, "docker.io", "library/app", "v1", storage.TagRecord{Digest: digest.FromString("old")}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.Tag(ctx, "docker.io", "library/app", "v1"); err != nil || got.Digest != md || !got.CheckedAt.Equal(rec.CheckedAt) {
+		t.Fatalf("tag on the other replica: %+v, %v; want %+v", got, err, rec)
+	}
+
+	layer := digest.FromString("layer")
+	if err := a.AddMembers(ctx, "docker.io", "library/app", layer); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		repo string
+		want bool
+	}{{"library/app", true}, {"library/other", false}} {
+		if got, err := b.IsMember(ctx, "docker.io", c.repo, layer); err != nil || got != c.want {
+			t.Errorf("IsMember(%s) on the other replica: %v, %v; want %v", c.repo, got, err, c.want)
+		}
+	}
+}
+
+// The janitor removes uploads nobody touched for StaleUploads, and
+// abandoned multipart assemblies, and leaves live ones.
+func TestCleanRemovesStaleUploads(t *testing.T) {
+	srv, bucket := testMinio(t)
+	cfg := Config{Bucket: bucket, LeaseTTL: 500 * time.Millisecond, StaleUploads: 2 * time.Second}
+	r := newReplica(t, srv, "a", cfg)
+	ctx := t.Context()
+	_, old := randomBlob(1, 6)
+	_, live := randomBlob(1, 7)
+	for _, key := range []string{r.b.leaseKey(old), r.b.partKey(old, 0), r.b.partKey(old, 1)} {
+		if _, err := r.b.putBytes(ctx, "test", key, []byte("x"), "", "", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := r.b.blobKey(old)
+	if _, err := r.b.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &r.b.name, Key: &key}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(cfg.StaleUploads + 500*time.Millisecond)
+	h, err := r.b.take(ctx, live, lease{Size: 1, PartSize: minPartSize}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.stop()
+	removed, err := r.b.Clean(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if removed != 4 {
+		t.Errorf("removed %d, want 3 objects and 1 multipart upload", removed)
+	}
+	left := bucketObjects(t, srv, bucket, "uploads/")
+	if len(left) != 1 || left[0] != r.b.leaseKey(live) {
+		t.Errorf("left %v, want only the live lease", left)
+	}
+	out, err := r.b.client.ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: &r.b.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out.Uploads) != 0 {
+		t.Errorf("%d multipart uploads left", len(out.Uploads))
+	}
+}

@@ -1,0 +1,512 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pullproxy/pullproxy/storage"
+)
+
+// Download is the local download a fetch fills: a *storage.Partial. Its
+// owner verifies the bytes and commits them, whatever their source.
+type Download interface {
+	io.WriterAt
+	Digest() digest.Digest
+	Size() int64
+	SetSize(n int64) error
+	// Missing returns the first range at or after off not yet written.
+	Missing(off int64) (start, end int64)
+	WaitSize(ctx context.Context) (int64, error)
+	// WaitAvailable returns how many bytes from off may be read; the last
+	// few only once the download is verified.
+	WaitAvailable(ctx context.Context, off int64) (int64, error)
+	Open() (*os.File, error)
+}
+
+var _ Download = (*storage.Partial)(nil)
+
+// Source is where a fetch got a blob's bytes.
+type Source string
+
+const (
+	SourceBucket   Source = "bucket"   // the blob was in the bucket whole
+	SourceFollowed Source = "followed" // another replica's download, part by part as it uploaded them
+	SourceUpstream Source = "upstream" // this replica held the lease and fetched it
+)
+
+// Fetch is a blob download that went through the bucket.
+type Fetch struct {
+	Source Source
+	b      *Bucket
+	d      digest.Digest
+	h      *holding  // the lease, while this replica uploads
+	up     *uploader // the upload of the parts, while this replica holds the lease
+}
+
+// Fetch fills dl with its blob, going to the upstream only when no replica
+// has it or is fetching it:
+//
+//   - a blob in the bucket is read from there;
+//   - a blob another replica is fetching is read part by part as that
+//     replica uploads them, until it finishes, or stops renewing its lease:
+//     this replica then takes the lease over and goes on from the parts
+//     uploaded;
+//   - else this replica takes the lease, runs fetch (the upstream into dl),
+//     and uploads dl's bytes part by part as they arrive.
+//
+// confirm is called before bytes from the bucket are used: they were
+// fetched for some repository, maybe not the one dl is for. Once Fetch
+// returns, dl's owner commits it and tells the result to Finish.
+//
+// When the bucket cannot be used (unreachable, refusing), fetch runs
+// alone: the replica works on, without sharing this blob.
+func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Context) error, fetch func(context.Context) error) (*Fetch, error) {
+	d := dl.Digest()
+	confirmed := false
+	check := func() error {
+		if confirmed {
+			return nil
+		}
+		if err := confirm(ctx); err != nil {
+			return err
+		}
+		confirmed = true
+		return nil
+	}
+	alone := func(err error) (*Fetch, error) {
+		b.log.Warn("the shared bucket cannot be used for this blob: fetching it from the upstream without sharing it",
+			"digest", d, "err", err, "fix", "check the bucket's endpoint, credentials and permissions (pullproxy doctor)")
+		b.metrics.blobs.WithLabelValues(string(SourceUpstream)).Inc()
+		return &Fetch{Source: SourceUpstream, b: b, d: d}, fetch(ctx)
+	}
+
+	// From scratch, or over a lease found released or expired.
+	from, ifMatch := lease{Size: dl.Size()}, ""
+	for attempt := 0; ; attempt++ {
+		if attempt == 100 {
+			return nil, fmt.Errorf("fetching %s through the bucket: the lease changed hands 100 times", d)
+		}
+		size, err := b.StatBlob(ctx, d)
+		if err == nil {
+			if err := check(); err != nil {
+				return nil, err
+			}
+			if err := b.fillFromBlob(ctx, dl, size); err != nil {
+				return nil, err
+			}
+			b.metrics.blobs.WithLabelValues(string(SourceBucket)).Inc()
+			return &Fetch{Source: SourceBucket, b: b, d: d}, nil
+		}
+		if !errors.Is(err, storage.ErrNotFound) {
+			return alone(err)
+		}
+		if from.PartSize == 0 && from.Size >= 0 {
+			from.PartSize = b.partSizeFor(from.Size)
+		}
+		h, err := b.take(ctx, d, from, ifMatch)
+		if err == nil {
+			if ifMatch != "" {
+				b.metrics.takeover.Inc()
+				b.log.Info("took over a blob download from another replica", "digest", d,
+					"parts_uploaded", from.Parts, "previous_holder", from.Holder)
+			}
+			return b.hold(ctx, dl, h, check, fetch)
+		}
+		if !errors.Is(err, errPrecondition) {
+			return alone(err)
+		}
+		cur, err := b.readLease(ctx, d)
+		switch {
+		case errors.Is(err, storage.ErrNotFound): // released and deleted meanwhile
+			from, ifMatch = lease{Size: dl.Size()}, ""
+			continue
+		case err != nil:
+			return alone(err)
+		case cur.Holder == "": // released: its parts are for the taking
+			from, ifMatch = cur.lease, cur.etag
+			continue
+		}
+		if err := check(); err != nil {
+			return nil, err
+		}
+		done, next, err := b.follow(ctx, dl, cur)
+		if err != nil {
+			return nil, err
+		}
+		if done {
+			b.metrics.blobs.WithLabelValues(string(SourceFollowed)).Inc()
+			return &Fetch{Source: SourceFollowed, b: b, d: d}, nil
+		}
+		from, ifMatch = next.lease, next.etag
+		if next.etag == "" {
+			from = lease{Size: dl.Size()}
+		}
+	}
+}
+
+// hold runs the download with the lease held: the parts already in the
+// bucket first (a download taken over), then the upstream for the rest,
+// while the uploader sends dl's bytes to the bucket.
+func (b *Bucket) hold(ctx context.Context, dl Download, h *holding, check func() error, fetch func(context.Context) error) (*Fetch, error) {
+	d := dl.Digest()
+	if l := h.current(); l.Parts > 0 {
+		err := check()
+		if err == nil {
+			err = b.fillFromParts(ctx, dl, l, 0, l.Parts)
+		}
+		if err != nil {
+			h.release(ctx)
+			return nil, err
+		}
+	}
+	up := b.upload(ctx, dl, h)
+	if err := fetch(ctx); err != nil {
+		up.stop()
+		h.release(ctx)
+		return nil, err
+	}
+	b.metrics.blobs.WithLabelValues(string(SourceUpstream)).Inc()
+	return &Fetch{Source: SourceUpstream, b: b, d: d, h: h, up: up}, nil
+}
+
+// Finish ends the fetch once dl's owner has committed it (committed nil)
+// or failed to. A blob this replica fetched and verified is assembled in
+// the bucket from its parts, and the lease and parts removed; when the
+// bytes were wrong the parts are removed too; else the lease is released
+// and the parts kept for whoever comes next.
+func (f *Fetch) Finish(ctx context.Context, committed error) {
+	if f == nil || f.h == nil {
+		return
+	}
+	b, h := f.b, f.h
+	switch {
+	case committed == nil:
+		err := f.up.wait()
+		if err == nil {
+			err = h.lostErr()
+		}
+		if err == nil {
+			err = b.compose(ctx, f.d, h.current())
+		}
+		if err != nil {
+			b.log.Warn("the blob is stored here but not in the shared bucket: another replica will finish its upload",
+				"digest", f.d, "err", err)
+			h.release(ctx)
+			return
+		}
+		h.stop()
+		b.removeUpload(ctx, f.d, h.current())
+	case errors.Is(committed, storage.ErrDigestMismatch) || errors.Is(committed, storage.ErrSizeMismatch):
+		f.up.stop()
+		h.stop()
+		b.removeUpload(ctx, f.d, h.current())
+	default:
+		f.up.stop()
+		h.release(ctx)
+	}
+}
+
+// removeUpload deletes a blob's parts and lease.
+func (b *Bucket) removeUpload(ctx context.Context, d digest.Digest, l lease) {
+	keys := make([]string, 0, l.numParts()+1)
+	for i := range max(l.numParts(), l.Parts) {
+		keys = append(keys, b.partKey(d, i))
+	}
+	keys = append(keys, b.leaseKey(d))
+	if err := b.delete(ctx, "delete_upload", keys...); err != nil {
+		b.log.Warn("removing an upload's parts: the janitor removes them later", "digest", d, "err", err)
+	}
+}
+
+// follow reads the parts of cur's download into dl as its holder uploads
+// them. It returns done once dl has every byte (or the blob was
+// completed in the bucket and read from there), or the lease to take
+// over: one released, expired (its ETag unchanged for LeaseTTL by this
+// replica's clock), or none (etag "") when it was deleted before the
+// blob was complete.
+func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, next held, err error) {
+	d := dl.Digest()
+	seen, seenAt := cur.etag, time.Now()
+	ttl := b.cfg.LeaseTTL
+	tick := time.NewTicker(b.poll)
+	defer tick.Stop()
+	for read := 0; ; {
+		l := cur.lease
+		if l.Size >= 0 && l.PartSize > 0 {
+			if dl.Size() != l.Size {
+				if err := dl.SetSize(l.Size); err != nil {
+					return false, held{}, fmt.Errorf("following %s in the bucket: %w", d, err)
+				}
+			}
+			for ; read < l.Parts; read++ {
+				if err := b.fillFromParts(ctx, dl, l, read, read+1); errors.Is(err, storage.ErrNotFound) {
+					break // completed and removed meanwhile: the lease says so next
+				} else if err != nil {
+					return false, held{}, err
+				}
+			}
+			if start, end := dl.Missing(0); start == end {
+				return true, held{}, nil
+			}
+		}
+		if l.Holder == "" {
+			return false, cur, nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return false, held{}, ctx.Err()
+		}
+		nl, err := b.readLease(ctx, d)
+		switch {
+		case errors.Is(err, storage.ErrNotFound):
+			size, err := b.StatBlob(ctx, d)
+			if err != nil {
+				return false, held{}, nil // given up without completing: start over
+			}
+			if err := b.fillFromBlob(ctx, dl, size); err != nil {
+				return false, held{}, err
+			}
+			return true, held{}, nil
+		case err != nil:
+			b.log.Warn("reading the lease of a blob another replica is fetching", "digest", d, "err", err)
+		case nl.etag != seen:
+			cur, seen, seenAt = nl, nl.etag, time.Now()
+			continue
+		}
+		if time.Since(seenAt) > ttl {
+			b.log.Info("a replica stopped renewing its lease of a blob download", "digest", d, "holder", cur.Holder,
+				"parts_uploaded", cur.Parts, "unchanged_for", time.Since(seenAt).Round(time.Second))
+			return false, cur, nil
+		}
+	}
+}
+
+// fillFromBlob writes what dl lacks from the whole blob in the bucket.
+func (b *Bucket) fillFromBlob(ctx context.Context, dl Download, size int64) error {
+	if dl.Size() != size {
+		if err := dl.SetSize(size); err != nil {
+			return fmt.Errorf("reading %s from the bucket: %w", dl.Digest(), err)
+		}
+	}
+	return b.fill(ctx, dl, b.blobKey(dl.Digest()), 0, 0, size)
+}
+
+// fillFromParts writes what dl lacks of parts [first, last) of l.
+func (b *Bucket) fillFromParts(ctx context.Context, dl Download, l lease, first, last int) error {
+	for i := first; i < last; i++ {
+		start, end := l.part(i)
+		if err := b.fill(ctx, dl, b.partKey(dl.Digest(), i), start, start, end); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fill writes the ranges of [from, to) that dl lacks, read from key, an
+// object holding the blob's bytes from offset base on. A read cut short
+// is resumed where it stopped, a few times.
+func (b *Bucket) fill(ctx context.Context, dl Download, key string, base, from, to int64) error {
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	failures := 0
+	for off := from; off < to; {
+		start, end := dl.Missing(off)
+		if start == end || start >= to {
+			return nil
+		}
+		end = min(end, to)
+		n, err := b.copyRange(ctx, dl, key, base, start, end, *buf)
+		off = start + n
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, storage.ErrNotFound) || ctx.Err() != nil {
+			return err
+		}
+		if failures++; failures > 5 {
+			return err
+		}
+		b.log.Warn("reading from the bucket: resuming", "key", key, "at", off, "err", err)
+		select {
+		case <-time.After(time.Duration(failures) * 200 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// copyRange copies [start, end) of the blob from key into dl, and returns
+// how many bytes it wrote.
+func (b *Bucket) copyRange(ctx context.Context, dl Download, key string, base, start, end int64, buf []byte) (int64, error) {
+	o, err := b.get(ctx, "get_blob", key, start-base, end-start)
+	if err != nil {
+		return 0, err
+	}
+	defer o.body.Close()
+	var n int64
+	for n < end-start {
+		k, rerr := io.ReadFull(o.body, buf[:min(int64(len(buf)), end-start-n)])
+		if k > 0 {
+			if _, err := dl.WriteAt(buf[:k], start+n); err != nil {
+				return n, fmt.Errorf("writing %s at %d: %w", dl.Digest(), start+n, err)
+			}
+			n += int64(k)
+		}
+		if rerr != nil {
+			if n < end-start {
+				return n, fmt.Errorf("reading %s at %d: %w", key, start-base+n, rerr)
+			}
+		}
+	}
+	return n, nil
+}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
+
+// uploader sends a download's parts to the bucket as its bytes arrive.
+type uploader struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+// upload starts uploading dl's parts from the first the lease does not
+// count as uploaded. Each part goes up once the download holds all its
+// bytes; the last once the download is verified.
+func (b *Bucket) upload(ctx context.Context, dl Download, h *holding) *uploader {
+	ctx, cancel := context.WithCancel(ctx)
+	u := &uploader{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(u.done)
+		u.err = b.uploadParts(ctx, dl, h)
+	}()
+	return u
+}
+
+func (b *Bucket) uploadParts(ctx context.Context, dl Download, h *holding) error {
+	d := dl.Digest()
+	size, err := dl.WaitSize(ctx)
+	if err != nil {
+		return err
+	}
+	if l := h.current(); l.Size != size || l.PartSize == 0 {
+		if l.Parts > 0 && l.Size != size {
+			return fmt.Errorf("uploading %s: its lease says %d bytes, the download %d", d, l.Size, size)
+		}
+		h.update(func(l *lease) { l.Size, l.PartSize = size, b.partSizeFor(size) })
+	}
+	f, err := dl.Open()
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	l := h.current()
+	for i := l.Parts; i < l.numParts(); i++ {
+		start, end := l.part(i)
+		for off := start; off < end; {
+			n, err := dl.WaitAvailable(ctx, off)
+			if err != nil {
+				return fmt.Errorf("uploading %s part %d: %w", d, i, err)
+			}
+			off += n
+		}
+		select {
+		case <-h.Lost():
+			return h.lostErr()
+		default:
+		}
+		if _, err := b.put(ctx, "put_part", b.partKey(d, i), io.NewSectionReader(f, start, end-start), end-start, "", "", nil); err != nil {
+			return fmt.Errorf("uploading %s part %d: %w", d, i, err)
+		}
+		h.update(func(l *lease) { l.Parts = i + 1 })
+	}
+	return nil
+}
+
+func (u *uploader) stop() {
+	u.cancel()
+	<-u.done
+}
+
+func (u *uploader) wait() error {
+	<-u.done
+	return u.err
+}
+
+// compose assembles the blob in the bucket from its parts, server-side: a
+// copy for one part, else a multipart upload of part copies. Replicas read
+// the whole blob from then on.
+func (b *Bucket) compose(ctx context.Context, d digest.Digest, l lease) error {
+	dst := b.blobKey(d)
+	n := l.numParts()
+	src := func(i int) *string { return aws.String(b.name + "/" + b.partKey(d, i)) }
+	if n == 1 {
+		_, err := b.client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &b.name, Key: &dst, CopySource: src(0)})
+		b.metrics.request("copy_blob", err)
+		if err != nil {
+			return b.wrap("assembling", dst, err)
+		}
+	} else {
+		// An assembly of the blob begun before is a dead holder's: this
+		// replica holds the lease now.
+		if _, err := b.abortAssemblies(ctx, dst, time.Time{}); err != nil {
+			b.log.Warn("aborting an earlier assembly of a blob: the janitor aborts it later", "digest", d, "err", err)
+		}
+		mu, err := b.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &b.name, Key: &dst})
+		b.metrics.request("create_multipart", err)
+		if err != nil {
+			return b.wrap("assembling", dst, err)
+		}
+		parts := make([]types.CompletedPart, n)
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(8)
+		for i := range n {
+			g.Go(func() error {
+				out, err := b.client.UploadPartCopy(gctx, &s3.UploadPartCopyInput{Bucket: &b.name, Key: &dst,
+					UploadId: mu.UploadId, PartNumber: aws.Int32(int32(i + 1)), CopySource: src(i)})
+				b.metrics.request("copy_part", err)
+				if err != nil {
+					return b.wrap("copying a part into", dst, err)
+				}
+				parts[i] = types.CompletedPart{PartNumber: aws.Int32(int32(i + 1)), ETag: out.CopyPartResult.ETag}
+				return nil
+			})
+		}
+		err = g.Wait()
+		if err == nil {
+			_, err = b.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: &b.name, Key: &dst,
+				UploadId: mu.UploadId, MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}})
+			b.metrics.request("complete_multipart", err)
+			if err != nil {
+				err = b.wrap("assembling", dst, err)
+			}
+		}
+		if err != nil {
+			_, aerr := b.client.AbortMultipartUpload(context.WithoutCancel(ctx), &s3.AbortMultipartUploadInput{Bucket: &b.name, Key: &dst, UploadId: mu.UploadId})
+			b.metrics.request("abort_multipart", aerr)
+			return err
+		}
+	}
+	size, err := b.head(ctx, "head_blob", dst)
+	if err != nil {
+		return err
+	}
+	if size != l.Size {
+		b.delete(ctx, "delete_blob", dst)
+		return fmt.Errorf("assembling %s in the bucket: %d bytes, want %d: %w", d, size, l.Size, storage.ErrSizeMismatch)
+	}
+	return nil
+}

@@ -1,0 +1,235 @@
+package bucket
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/storage"
+)
+
+// A lease says which replica is fetching a blob from the upstream, and how
+// far its upload has got. It is one small object per blob, written only
+// with conditional writes:
+//
+//   - taken with If-None-Match: * (exactly one replica creates it);
+//   - renewed by its holder every LeaseTTL/3, and at every part uploaded,
+//     with If-Match: <the ETag it last wrote> (a holder that lost it finds
+//     out at its next write);
+//   - taken over, once its ETag has not changed for LeaseTTL by the
+//     follower's own clock, with If-Match: <that ETag> (exactly one
+//     follower wins; clocks are never compared across replicas).
+//
+// The holder deletes it once the blob is in the bucket whole, or when its
+// download fails, keeping the parts for whoever comes next.
+type lease struct {
+	Holder   string `json:"holder"`
+	Size     int64  `json:"size"`      // -1 until the holder knows it
+	PartSize int64  `json:"part_size"` // parts are [i*PartSize, (i+1)*PartSize)
+	Parts    int    `json:"parts"`     // parts 0..Parts-1 are uploaded
+	Writes   int64  `json:"writes"`    // changes at every write, so the ETag does
+}
+
+// numParts is how many parts a blob of the lease's size is uploaded in.
+func (l lease) numParts() int {
+	if l.Size <= 0 || l.PartSize <= 0 {
+		return 1
+	}
+	return int((l.Size + l.PartSize - 1) / l.PartSize)
+}
+
+// part returns part i's range.
+func (l lease) part(i int) (start, end int64) {
+	start = int64(i) * l.PartSize
+	return start, min(start+l.PartSize, l.Size)
+}
+
+// partSizeFor returns the part size for a blob of size bytes: the
+// configured one, or larger when S3's 10,000 parts would not hold it.
+func (b *Bucket) partSizeFor(size int64) int64 {
+	ps := b.cfg.PartSize
+	if size > ps*maxParts {
+		ps = (size/maxParts + 1<<20) &^ (1<<20 - 1)
+	}
+	return ps
+}
+
+// held is a lease as read from the bucket.
+type held struct {
+	lease
+	etag string
+}
+
+// readLease reads d's lease, or returns an error wrapping storage.ErrNotFound.
+func (b *Bucket) readLease(ctx context.Context, d digest.Digest) (held, error) {
+	body, o, err := b.getSmall(ctx, "get_lease", b.leaseKey(d))
+	if err != nil {
+		return held{}, err
+	}
+	var l lease
+	if err := json.Unmarshal(body, &l); err != nil {
+		return held{}, fmt.Errorf("reading lease of %s: %w", d, err)
+	}
+	return held{l, o.etag}, nil
+}
+
+// writeLease writes l as d's lease: created when ifMatch is "", else over
+// the lease with that ETag. It fails with errPrecondition when another
+// replica got there first.
+func (b *Bucket) writeLease(ctx context.Context, d digest.Digest, l lease, ifMatch string) (string, error) {
+	body, err := json.Marshal(l)
+	if err != nil {
+		return "", err
+	}
+	ifNoneMatch := ""
+	if ifMatch == "" {
+		ifNoneMatch = "*"
+	}
+	return b.putBytes(ctx, "put_lease", b.leaseKey(d), body, ifNoneMatch, ifMatch, nil)
+}
+
+// holding is a lease this replica holds, kept alive by keep until release.
+type holding struct {
+	b      *Bucket
+	d      digest.Digest
+	cancel context.CancelFunc
+	done   chan struct{} // closed when keep returns
+
+	mu      sync.Mutex
+	state   lease
+	etag    string
+	dirty   bool          // state changed since last written
+	wake    chan struct{} // a change to write at once; capacity 1
+	lost    error         // set when the lease is no longer this replica's
+	lostCh  chan struct{} // closed when lost is set
+	written time.Time     // last successful write
+}
+
+// take tries to create d's lease (ifMatch "") or to take over the one
+// with ETag ifMatch, starting from from's state. It returns
+// errPrecondition when another replica holds it.
+func (b *Bucket) take(ctx context.Context, d digest.Digest, from lease, ifMatch string) (*holding, error) {
+	l := from
+	l.Holder = b.id
+	l.Writes++
+	etag, err := b.writeLease(ctx, d, l, ifMatch)
+	if err != nil {
+		return nil, err
+	}
+	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	h := &holding{b: b, d: d, cancel: cancel, done: make(chan struct{}), state: l, etag: etag,
+		wake: make(chan struct{}, 1), lostCh: make(chan struct{}), written: time.Now()}
+	go h.keep(kctx)
+	return h, nil
+}
+
+// update changes the lease's state and has it written soon.
+func (h *holding) update(f func(*lease)) {
+	h.mu.Lock()
+	f(&h.state)
+	h.dirty = true
+	h.mu.Unlock()
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// current returns the lease's state as last set.
+func (h *holding) current() lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state
+}
+
+// Lost returns a channel closed once the lease is no longer this
+// replica's, and why.
+func (h *holding) Lost() <-chan struct{} { return h.lostCh }
+
+func (h *holding) lostErr() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lost
+}
+
+// keep renews the lease until cancelled, and writes updates as they come.
+// Each write is conditional on the last one: a write refused means another
+// replica took the lease over (this one was too slow to renew it).
+func (h *holding) keep(ctx context.Context) {
+	defer close(h.done)
+	ttl := h.b.cfg.LeaseTTL
+	tick := time.NewTicker(ttl / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-h.wake:
+		}
+		h.mu.Lock()
+		l, etag := h.state, h.etag
+		l.Writes++
+		h.dirty = false
+		h.mu.Unlock()
+
+		newEtag, err := h.b.writeLease(ctx, h.d, l, etag)
+		if ctx.Err() != nil {
+			return
+		}
+		h.mu.Lock()
+		switch {
+		case err == nil:
+			h.etag, h.state.Writes, h.written = newEtag, l.Writes, time.Now()
+		case errors.Is(err, errPrecondition) || errors.Is(err, storage.ErrNotFound) || time.Since(h.written) > ttl:
+			// Taken over, or not renewed in time: another replica may
+			// hold it now.
+			h.lost = fmt.Errorf("lease of %s lost: %w", h.d, err)
+			close(h.lostCh)
+			h.mu.Unlock()
+			h.b.log.Warn("lost the lease of a blob download: another replica finishes its upload", "digest", h.d, "err", err)
+			return
+		default:
+			h.b.log.Warn("renewing the lease of a blob download", "digest", h.d, "err", err)
+		}
+		again := h.dirty
+		h.mu.Unlock()
+		if again {
+			select {
+			case h.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// stop stops renewing the lease, and waits for the renewal in flight.
+func (h *holding) stop() {
+	h.cancel()
+	<-h.done
+}
+
+// release stops renewing the lease and marks it released, unless it was
+// lost: the next replica asking for the blob takes it at once (no wait
+// for it to expire) and resumes from the parts it counts as uploaded.
+func (h *holding) release(ctx context.Context) {
+	h.stop()
+	if h.lostErr() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	h.mu.Lock()
+	l, etag := h.state, h.etag
+	h.mu.Unlock()
+	l.Holder = ""
+	l.Writes++
+	if _, err := h.b.writeLease(ctx, h.d, l, etag); err != nil {
+		h.b.log.Info("releasing the lease of a blob download: other replicas take it once it expires", "digest", h.d, "err", err)
+	}
+}
