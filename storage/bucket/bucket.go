@@ -12,7 +12,8 @@
 //	blobs/sha256/<hex>                  a verified blob, whole
 //	manifests/sha256/<hex>              a verified manifest; its media type in the object's metadata
 //	tags/<upstream>/<repo>:<tag>        the tag's TagRecord, as JSON
-//	members/<upstream>/<repo>@<digest>  empty: the digest is known to be in the repository
+//	members/<upstream>/<repo>@<digest>  empty: the digest is known to be in the repository;
+//	                                    the size its manifest declared in the metadata
 //	uploads/sha256/<hex>/lease          who is fetching the blob (see lease.go)
 //	uploads/sha256/<hex>/part-<nnnnn>   the parts uploaded so far, readable as they land
 //
@@ -327,12 +328,18 @@ func (b *Bucket) getSmall(ctx context.Context, op, key string) ([]byte, object, 
 
 // head returns key's size, or an error wrapping storage.ErrNotFound.
 func (b *Bucket) head(ctx context.Context, op, key string) (int64, error) {
+	n, _, err := b.headMeta(ctx, op, key)
+	return n, err
+}
+
+// headMeta returns key's size and metadata.
+func (b *Bucket) headMeta(ctx context.Context, op, key string) (int64, map[string]string, error) {
 	out, err := b.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &b.name, Key: &key})
 	b.metrics.request(op, err)
 	if err != nil {
-		return 0, b.wrap("looking up", key, err)
+		return 0, nil, b.wrap("looking up", key, err)
 	}
-	return aws.ToInt64(out.ContentLength), nil
+	return aws.ToInt64(out.ContentLength), out.Metadata, nil
 }
 
 // put writes body under key. ifNoneMatch ("*") and ifMatch (an ETag) make

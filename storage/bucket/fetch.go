@@ -119,7 +119,7 @@ func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Co
 			if ifMatch != "" {
 				b.metrics.takeover.Inc()
 				b.log.Info("took over a blob download from another replica", "digest", d,
-					"parts_uploaded", from.Parts, "previous_holder", from.Holder)
+					"parts_uploaded", from.count(), "previous_holder", from.Holder)
 			}
 			return b.hold(ctx, dl, h, check, fetch)
 		}
@@ -160,10 +160,10 @@ func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Co
 // while the uploader sends dl's bytes to the bucket.
 func (b *Bucket) hold(ctx context.Context, dl Download, h *holding, check func() error, fetch func(context.Context) error) (*Fetch, error) {
 	d := dl.Digest()
-	if l := h.current(); l.Parts > 0 {
+	if l := h.current(); l.count() > 0 {
 		err := check()
 		if err == nil {
-			err = b.fillFromParts(ctx, dl, l, 0, l.Parts)
+			err = b.fillFromParts(ctx, dl, l)
 		}
 		if err != nil {
 			h.release(ctx)
@@ -220,7 +220,7 @@ func (f *Fetch) Finish(ctx context.Context, committed error) {
 // removeUpload deletes a blob's parts and lease.
 func (b *Bucket) removeUpload(ctx context.Context, d digest.Digest, l lease) {
 	keys := make([]string, 0, l.numParts()+1)
-	for i := range max(l.numParts(), l.Parts) {
+	for i := range max(l.numParts(), len(l.Uploaded)) {
 		keys = append(keys, b.partKey(d, i))
 	}
 	keys = append(keys, b.leaseKey(d))
@@ -241,7 +241,7 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 	ttl := b.cfg.LeaseTTL
 	tick := time.NewTicker(b.poll)
 	defer tick.Stop()
-	for read := 0; ; {
+	for {
 		l := cur.lease
 		if l.Size >= 0 && l.PartSize > 0 {
 			if dl.Size() != l.Size {
@@ -249,12 +249,9 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 					return false, held{}, fmt.Errorf("following %s in the bucket: %w", d, err)
 				}
 			}
-			for ; read < l.Parts; read++ {
-				if err := b.fillFromParts(ctx, dl, l, read, read+1); errors.Is(err, storage.ErrNotFound) {
-					break // completed and removed meanwhile: the lease says so next
-				} else if err != nil {
-					return false, held{}, err
-				}
+			// Parts already read are skipped without a request.
+			if err := b.fillFromParts(ctx, dl, l); err != nil && !errors.Is(err, storage.ErrNotFound) {
+				return false, held{}, err // not found: completed and removed meanwhile, as the lease says next
 			}
 			if start, end := dl.Missing(0); start == end {
 				return true, held{}, nil
@@ -287,7 +284,7 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 		}
 		if time.Since(seenAt) > ttl {
 			b.log.Info("a replica stopped renewing its lease of a blob download", "digest", d, "holder", cur.Holder,
-				"parts_uploaded", cur.Parts, "unchanged_for", time.Since(seenAt).Round(time.Second))
+				"parts_uploaded", cur.count(), "unchanged_for", time.Since(seenAt).Round(time.Second))
 			return false, cur, nil
 		}
 	}
@@ -303,9 +300,13 @@ func (b *Bucket) fillFromBlob(ctx context.Context, dl Download, size int64) erro
 	return b.fill(ctx, dl, b.blobKey(dl.Digest()), 0, 0, size)
 }
 
-// fillFromParts writes what dl lacks of parts [first, last) of l.
-func (b *Bucket) fillFromParts(ctx context.Context, dl Download, l lease, first, last int) error {
-	for i := first; i < last; i++ {
+// fillFromParts writes what dl lacks of the parts l counts as uploaded,
+// in order: the blob's clients read from its start.
+func (b *Bucket) fillFromParts(ctx context.Context, dl Download, l lease) error {
+	for i := range l.numParts() {
+		if !l.uploaded(i) {
+			continue
+		}
 		start, end := l.part(i)
 		if err := b.fill(ctx, dl, b.partKey(dl.Digest(), i), start, start, end); err != nil {
 			return err
@@ -403,7 +404,7 @@ func (b *Bucket) uploadParts(ctx context.Context, dl Download, h *holding) error
 		return err
 	}
 	if l := h.current(); l.Size != size || l.PartSize == 0 {
-		if l.Parts > 0 && l.Size != size {
+		if l.count() > 0 {
 			return fmt.Errorf("uploading %s: its lease says %d bytes, the download %d", d, l.Size, size)
 		}
 		h.update(func(l *lease) { l.Size, l.PartSize = size, b.partSizeFor(size) })
@@ -414,27 +415,71 @@ func (b *Bucket) uploadParts(ctx context.Context, dl Download, h *holding) error
 	}
 	defer f.Close()
 	l := h.current()
-	for i := l.Parts; i < l.numParts(); i++ {
-		start, end := l.part(i)
-		for off := start; off < end; {
-			n, err := dl.WaitAvailable(ctx, off)
-			if err != nil {
-				return fmt.Errorf("uploading %s part %d: %w", d, i, err)
+	n := l.numParts()
+	// Each part goes up as soon as the download holds all of it: a
+	// download fills its blob in parallel chunks, not in order.
+	type result struct {
+		part int
+		err  error
+	}
+	results := make(chan result, uploadsAtOnce)
+	busy := map[int]bool{}
+	var failed error
+	for {
+		l := h.current()
+		left := 0
+		for i := range n {
+			if l.uploaded(i) {
+				continue
 			}
-			off += n
+			left++
+			if busy[i] || len(busy) == uploadsAtOnce || failed != nil {
+				continue
+			}
+			start, end := l.part(i)
+			if s, _ := dl.Missing(start); s < end {
+				continue
+			}
+			busy[i] = true
+			go func() {
+				began := time.Now()
+				_, err := b.put(ctx, "put_part", b.partKey(d, i), io.NewSectionReader(f, start, end-start), end-start, "", "", nil)
+				if err == nil {
+					h.update(func(l *lease) { l.setUploaded(i) })
+					b.log.Debug("uploaded a part to the shared bucket", "digest", d, "part", i, "bytes", end-start,
+						"duration", time.Since(began).Round(time.Millisecond))
+				}
+				results <- result{i, err}
+			}()
+		}
+		switch {
+		case len(busy) > 0:
+		case failed != nil:
+			return failed
+		case left == 0:
+			return nil
 		}
 		select {
+		case r := <-results:
+			delete(busy, r.part)
+			if r.err != nil && failed == nil {
+				failed = fmt.Errorf("uploading %s part %d: %w", d, r.part, r.err)
+			}
+		case <-time.After(50 * time.Millisecond): // the download may hold more whole parts
 		case <-h.Lost():
-			return h.lostErr()
-		default:
+			if failed == nil {
+				failed = h.lostErr()
+			}
+		case <-ctx.Done():
+			if failed == nil {
+				failed = ctx.Err()
+			}
 		}
-		if _, err := b.put(ctx, "put_part", b.partKey(d, i), io.NewSectionReader(f, start, end-start), end-start, "", "", nil); err != nil {
-			return fmt.Errorf("uploading %s part %d: %w", d, i, err)
-		}
-		h.update(func(l *lease) { l.Parts = i + 1 })
 	}
-	return nil
 }
+
+// uploadsAtOnce bounds the parts of one blob uploading at once.
+const uploadsAtOnce = 4
 
 func (u *uploader) stop() {
 	u.cancel()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,9 +32,27 @@ type lease struct {
 	Holder   string `json:"holder"`
 	Size     int64  `json:"size"`      // -1 until the holder knows it
 	PartSize int64  `json:"part_size"` // parts are [i*PartSize, (i+1)*PartSize)
-	Parts    int    `json:"parts"`     // parts 0..Parts-1 are uploaded
-	Writes   int64  `json:"writes"`    // changes at every write, so the ETag does
+	// Uploaded has a '1' for each part uploaded, by index. Parts go up as
+	// soon as they are whole, in whatever order the download fills them.
+	Uploaded string `json:"uploaded"`
+	Writes   int64  `json:"writes"` // changes at every write, so the ETag does
 }
+
+// uploaded reports whether part i is in the bucket.
+func (l lease) uploaded(i int) bool { return i < len(l.Uploaded) && l.Uploaded[i] == '1' }
+
+// setUploaded marks part i as in the bucket.
+func (l *lease) setUploaded(i int) {
+	b := []byte(l.Uploaded)
+	for len(b) <= i {
+		b = append(b, '0')
+	}
+	b[i] = '1'
+	l.Uploaded = string(b)
+}
+
+// count returns how many parts are in the bucket.
+func (l lease) count() int { return strings.Count(l.Uploaded, "1") }
 
 // numParts is how many parts a blob of the lease's size is uploaded in.
 func (l lease) numParts() int {

@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strconv"
 
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pullproxy/pullproxy/storage"
 )
@@ -128,29 +132,94 @@ func (s *Store) IsMember(ctx context.Context, upstream, repo string, d digest.Di
 	if known, err := s.Store.IsMember(ctx, upstream, repo, d); known || err != nil {
 		return known, err
 	}
-	_, err := s.b.head(ctx, "head_member", s.b.memberKey(upstream, repo, d))
+	_, err := s.sharedMember(ctx, upstream, repo, d)
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		return false, nil
 	case err != nil:
 		return false, err
 	}
-	if err := s.Store.AddMembers(ctx, upstream, repo, d); err != nil {
-		s.b.log.Warn("recording a digest as a repository's", "digest", d, "err", err)
-	}
 	return true, nil
 }
+
+// sharedMember looks d up among the repository's members in the bucket,
+// and records what it finds locally: the membership, and the size a
+// manifest declared (-1 for none).
+func (s *Store) sharedMember(ctx context.Context, upstream, repo string, d digest.Digest) (int64, error) {
+	_, meta, err := s.b.headMeta(ctx, "head_member", s.b.memberKey(upstream, repo, d))
+	if err != nil {
+		return -1, err
+	}
+	declared := int64(-1)
+	if v, ok := meta[declaredSizeKey]; ok {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+			declared = n
+		}
+	}
+	if declared >= 0 {
+		err = s.Store.SetDeclaredSizes(ctx, upstream, repo, map[digest.Digest]int64{d: declared})
+	} else {
+		err = s.Store.AddMembers(ctx, upstream, repo, d)
+	}
+	if err != nil {
+		s.b.log.Warn("recording a digest as a repository's", "digest", d, "err", err)
+	}
+	return declared, nil
+}
+
+// declaredSizeKey is the metadata entry of a member object holding the
+// size a manifest declared for the digest.
+const declaredSizeKey = "declared-size"
 
 // AddMembers records digests as the repository's, locally and in the bucket.
 func (s *Store) AddMembers(ctx context.Context, upstream, repo string, ds ...digest.Digest) error {
 	if err := s.Store.AddMembers(ctx, upstream, repo, ds...); err != nil {
 		return err
 	}
-	for _, d := range ds {
-		if _, err := s.b.putBytes(ctx, "put_member", s.b.memberKey(upstream, repo, d), nil, "", "", nil); err != nil {
-			s.b.log.Warn("sharing what a repository holds in the bucket: other replicas ask the upstream", "digest", d, "err", err)
-			break
-		}
-	}
+	s.shareMembers(ctx, upstream, repo, ds, nil)
 	return nil
+}
+
+// SetDeclaredSizes records the sizes a manifest of the repository declares
+// (and so that the repository holds those digests), locally and in the bucket.
+func (s *Store) SetDeclaredSizes(ctx context.Context, upstream, repo string, sizes map[digest.Digest]int64) error {
+	if err := s.Store.SetDeclaredSizes(ctx, upstream, repo, sizes); err != nil {
+		return err
+	}
+	s.shareMembers(ctx, upstream, repo, slices.Collect(maps.Keys(sizes)), sizes)
+	return nil
+}
+
+// DeclaredSize returns the size a manifest of the repository declared for
+// d, as recorded locally or else in the bucket.
+func (s *Store) DeclaredSize(ctx context.Context, upstream, repo string, d digest.Digest) (int64, error) {
+	n, err := s.Store.DeclaredSize(ctx, upstream, repo, d)
+	if !errors.Is(err, storage.ErrNotFound) {
+		return n, err
+	}
+	if shared, berr := s.sharedMember(ctx, upstream, repo, d); berr == nil && shared >= 0 {
+		return shared, nil
+	}
+	return n, err
+}
+
+// shareMembers writes the repository's member objects for ds, a few at
+// once, with their declared sizes where known.
+func (s *Store) shareMembers(ctx context.Context, upstream, repo string, ds []digest.Digest, sizes map[digest.Digest]int64) {
+	var g errgroup.Group
+	g.SetLimit(8)
+	for _, d := range ds {
+		g.Go(func() error {
+			var meta map[string]string
+			if n, ok := sizes[d]; ok {
+				meta = map[string]string{declaredSizeKey: strconv.FormatInt(n, 10)}
+			}
+			_, err := s.b.putBytes(ctx, "put_member", s.b.memberKey(upstream, repo, d), nil, "", "", meta)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		s.b.log.Warn("sharing what a repository holds in the bucket: other replicas ask the upstream",
+			"upstream", upstream, "repo", repo, "err", err)
+	}
 }
