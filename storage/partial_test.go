@@ -461,6 +461,9 @@ func TestPartialSetSize(t *testing.T) {
 	}
 }
 
+// Tests in a synctest bubble open a store in the bubble: Badger closes
+// channels a transaction makes from its own goroutines, and a channel made
+// in a bubble and closed from outside it is a fatal error.
 func TestPartialWaitSize(t *testing.T) {
 	t.Parallel()
 	s := openStore(t)
@@ -484,6 +487,7 @@ func TestPartialWaitSize(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
+				s := openStore(t) // its own: Badger's goroutines in the bubble (see TestPartialWaitSize)
 				p, err := s.NewPartial(t.Context(), digest.FromString(tc.name), -1)
 				if err != nil {
 					t.Fatal(err)
@@ -523,6 +527,7 @@ func TestPartialWaitSize(t *testing.T) {
 	t.Run("deadline", func(t *testing.T) {
 		t.Parallel()
 		synctest.Test(t, func(t *testing.T) {
+			s := openStore(t) // its own: Badger's goroutines in the bubble (see TestPartialWaitSize)
 			p, err := s.NewPartial(t.Context(), digest.FromString("deadline"), -1)
 			if err != nil {
 				t.Fatal(err)
@@ -630,11 +635,11 @@ func TestPartialWaitAvailable(t *testing.T) {
 
 func TestPartialWaitAvailableBlocks(t *testing.T) {
 	t.Parallel()
-	s := openStore(t)
 	const H = HoldBack
 	const size = 3 * H
 	errUpstream := errors.New("connection reset")
 	synctest.Test(t, func(t *testing.T) {
+		s := openStore(t) // its own: Badger's goroutines in the bubble (see TestPartialWaitSize)
 		data := randomBytes(700, size)
 		p, err := s.NewPartial(t.Context(), digest.FromBytes(data), size)
 		if err != nil {
@@ -1074,7 +1079,6 @@ func TestPartialWaitStarted(t *testing.T) {
 // size learned after it, and by a failure.
 func TestPartialWaitStartedWakes(t *testing.T) {
 	t.Parallel()
-	s := openStore(t)
 	errUpstream := errors.New("upstream refused")
 	for _, tc := range []struct {
 		name    string
@@ -1094,6 +1098,7 @@ func TestPartialWaitStartedWakes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
+				s := openStore(t) // its own: Badger's goroutines in the bubble (see TestPartialWaitSize)
 				p, err := s.NewPartial(t.Context(), digest.FromString(tc.name), tc.size)
 				if err != nil {
 					t.Fatal(err)

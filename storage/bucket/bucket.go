@@ -104,12 +104,12 @@ type Bucket struct {
 type Option func(*options)
 
 type options struct {
-	log      *slog.Logger
-	creds    aws.CredentialsProvider
-	reg      prometheus.Registerer
-	client   *http.Client
-	replica  string
-	poll     time.Duration
+	log     *slog.Logger
+	creds   aws.CredentialsProvider
+	reg     prometheus.Registerer
+	client  *http.Client
+	replica string
+	poll    time.Duration
 }
 
 // WithLogger sets the logger. Default (and for nil): slog.Default().
