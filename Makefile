@@ -2,7 +2,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build run test vet fuzz deps bench bench-deps bench-pull bench-serve bench-cpu clean
+.PHONY: all build run test vet fuzz deps deps-tools deps-minio bench bench-deps bench-pull bench-serve bench-cpu clean
 
 all: build
 
@@ -56,17 +56,26 @@ bench-deps:
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx wrk curl
 
 ## deps: install what the end-to-end tests drive (Debian and the Go module proxy; as root)
+deps: deps-tools deps-minio
+
 # The registry clients the read-API tests list and discover with, and the OCI
 # distribution-spec conformance suite, at pinned versions, into TOOLBIN.
 TOOLBIN ?= /usr/local/bin
 CONFORMANCE := github.com/opencontainers/distribution-spec/conformance@v0.0.0-20260831232431-97274622c111
-deps:
+deps-tools:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo
 	GOBIN=$(TOOLBIN) $(GO) install github.com/google/go-containerregistry/cmd/crane@v0.22.1
 	GOBIN=$(TOOLBIN) $(GO) install oras.land/oras/cmd/oras@v1.3.6
 	GOBIN=$(TOOLBIN) $(GO) install github.com/regclient/regclient/cmd/regctl@v0.11.7
 	tmp=$$(mktemp -d) && GOBIN=$$tmp $(GO) install $(CONFORMANCE) && mv $$tmp/conformance $(TOOLBIN)/oci-conformance && rmdir $$tmp
+
+# MinIO, the S3-compatible server the replica tests share a bucket on. It
+# takes minutes to build, so a binary already installed is kept.
+MINIO := github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c
+deps-minio:
+	@if [ -x $(TOOLBIN)/minio ]; then echo "minio: keeping $(TOOLBIN)/minio"; \
+	else echo "minio: building $(MINIO)"; GOBIN=$(TOOLBIN) $(GO) install -trimpath -ldflags "-s -w" $(MINIO); fi
 
 clean:
 	rm -rf bin

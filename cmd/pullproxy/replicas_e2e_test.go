@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"maps"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"slices"
 	"strings"
 	"sync"
@@ -42,6 +45,46 @@ func leaseOf(t *testing.T, srv *miniotest.Server, bucket string, d digest.Digest
 	}
 	defer out.Body.Close()
 	return l, json.NewDecoder(out.Body).Decode(&l) == nil
+}
+
+// bucketRequests sums a replica's pullproxy_bucket_requests_total by
+// operation, as "op=n ..." with the total first.
+func bucketRequests(t *testing.T, proxyURL string) string {
+	t.Helper()
+	resp, err := http.Get(proxyURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	re := regexp.MustCompile(`(?m)^pullproxy_bucket_requests_total\{op="([a-z_]+)",result="[a-z_]+"\} (\d+)$`)
+	byOp, total := map[string]int{}, 0
+	for _, m := range re.FindAllStringSubmatch(string(body), -1) {
+		n, _ := strconv.Atoi(m[2])
+		byOp[m[1]] += n
+		total += n
+	}
+	out := fmt.Sprintf("total=%d", total)
+	for _, op := range slices.Sorted(maps.Keys(byOp)) {
+		out += fmt.Sprintf(" %s=%d", op, byOp[op])
+	}
+	return out
+}
+
+// waitInBucket waits until the bucket holds blob desc whole.
+func waitInBucket(t *testing.T, srv *miniotest.Server, bucket string, desc registrytest.Descriptor) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		out, err := srv.Client().HeadObject(t.Context(), &s3.HeadObjectInput{Bucket: aws.String(bucket),
+			Key: aws.String("site1/blobs/sha256/" + desc.Digest.Encoded())})
+		if err == nil && aws.ToInt64(out.ContentLength) == desc.Size {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is not in the bucket whole after 30 s: %v", desc.Digest, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // bucketLease is what the tests read of a lease.
@@ -109,7 +152,7 @@ func TestReplicasShareABucket(t *testing.T) {
 	}
 	t.Cleanup(func() { path.Close() })
 	const host = "reg.test" // pullThrough names it
-	config := writeConfig(t, fmt.Sprintf(`
+	configText := fmt.Sprintf(`
 storage:
   type: s3
   bucket: %s
@@ -127,7 +170,8 @@ upstreams:
   - name: %s
     endpoints:
       - url: %s
-`, bucket, srv.Endpoint, host, path.URL()))
+`, bucket, srv.Endpoint, host, path.URL())
+	config := writeConfig(t, configText)
 	a, b := startReplica(t, srv, config), startReplica(t, srv, config)
 
 	// Through A, then through B.
@@ -164,9 +208,16 @@ upstreams:
 		}
 		got := up.take()
 		t.Logf("pull through replica %c: upstream %v", 'A'+i, got)
+		// A's uploads finish after its clients have the blobs.
+		for _, desc := range append([]registrytest.Descriptor{img.Config}, img.Layers...) {
+			waitInBucket(t, srv, bucket, desc)
+		}
+		t.Logf("pull through replica %c: bucket requests %s; bytes read %v, written %v", 'A'+i,
+			bucketRequests(t, replica.URL), metric(t, replica.URL, "pullproxy_bucket_read_bytes_total"),
+			metric(t, replica.URL, "pullproxy_bucket_written_bytes_total"))
 		switch {
-		case i == 0 && float64(got["GET blobs bytes"]) > 1.02*float64(imageBytes):
-			t.Errorf("pull through A: %d upstream blob bytes, want at most 1.02x the image's %d", got["GET blobs bytes"], imageBytes)
+		case i == 0 && float64(got["GET blobs bytes"]) > 1.1*float64(imageBytes):
+			t.Errorf("pull through A: %d upstream blob bytes, want at most 1.1x the image's %d", got["GET blobs bytes"], imageBytes)
 		case i == 1 && (got["GET blobs"] != 0 || got["HEAD blobs"] != 0):
 			t.Errorf("pull through B: %d blob GETs and %d HEADs upstream, want none", got["GET blobs"], got["HEAD blobs"])
 		}
@@ -254,18 +305,7 @@ upstreams:
 	if !b.loggedWithin("took over a blob download from another replica", 5*time.Second) {
 		t.Error("B did not log taking the download over")
 	}
-	// B assembles the layer in the bucket once its clients have it.
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		out, err := srv.Client().HeadObject(ctx, &s3.HeadObjectInput{Bucket: aws.String(bucket),
-			Key: aws.String("site1/blobs/sha256/" + layer.Digest.Encoded())})
-		if err == nil && aws.ToInt64(out.ContentLength) == layer.Size {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the layer is not in the bucket 30 s after the takeover: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitInBucket(t, srv, bucket, layer) // B assembles it once its clients have it
 	up.take()
 	// A, restarted, serves it from the bucket.
 	a2 := startReplica(t, srv, config)
@@ -277,5 +317,23 @@ upstreams:
 	}
 	if !a2.loggedWithin("source=bucket", 5*time.Second) {
 		t.Error("the new replica did not log reading the layer from the bucket")
+	}
+
+	// serve: redirect sends clients to the bucket with a presigned URL.
+	redirecting := startReplica(t, srv, writeConfig(t, strings.Replace(configText, "  lease_ttl: 2s\n", "  lease_ttl: 2s\n  serve: redirect\n", 1)))
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err = noFollow.Get(redirecting.URL + url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusTemporaryRedirect || !strings.HasPrefix(loc, srv.Endpoint+"/pullproxy/site1/blobs/") {
+		t.Fatalf("serve: redirect: %s to %q, want 307 to the bucket", resp.Status, loc)
+	}
+	if err := getBlobChecked(redirecting.URL+url, layer.Digest); err != nil { // followed
+		t.Fatal(err)
+	}
+	if got := up.take(); got["GET blobs"] != 0 {
+		t.Errorf("redirecting replica asked the upstream: %v", got)
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"net/http"
 	"os"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +46,7 @@ import (
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
@@ -366,12 +368,31 @@ func (b *Bucket) putBytes(ctx context.Context, op, key string, body []byte, ifNo
 	return b.put(ctx, op, key, bytes.NewReader(body), int64(len(body)), ifNoneMatch, ifMatch, metadata)
 }
 
+// delete deletes keys, a thousand (S3's most) per request.
 func (b *Bucket) delete(ctx context.Context, op string, keys ...string) error {
-	for _, key := range keys {
-		_, err := b.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &b.name, Key: &key})
+	if len(keys) == 1 {
+		_, err := b.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &b.name, Key: &keys[0]})
 		b.metrics.request(op, err)
 		if err != nil && !isNotFound(err) {
-			return b.wrap("deleting", key, err)
+			return b.wrap("deleting", keys[0], err)
+		}
+		return nil
+	}
+	for batch := range slices.Chunk(keys, 1000) {
+		objs := make([]types.ObjectIdentifier, len(batch))
+		for i := range batch {
+			objs[i].Key = &batch[i]
+		}
+		out, err := b.client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: &b.name,
+			Delete: &types.Delete{Objects: objs, Quiet: aws.Bool(true)}})
+		b.metrics.request(op, err)
+		if err != nil {
+			return b.wrap("deleting", batch[0]+" and others", err)
+		}
+		for _, e := range out.Errors {
+			if aws.ToString(e.Code) != "NoSuchKey" {
+				return fmt.Errorf("deleting %s in bucket %s: %s: %s", aws.ToString(e.Key), b.name, aws.ToString(e.Code), aws.ToString(e.Message))
+			}
 		}
 	}
 	return nil

@@ -97,19 +97,16 @@ func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Co
 		if attempt == 100 {
 			return nil, fmt.Errorf("fetching %s through the bucket: the lease changed hands 100 times", d)
 		}
-		size, err := b.StatBlob(ctx, d)
-		if err == nil {
-			if err := check(); err != nil {
-				return nil, err
-			}
-			if err := b.fillFromBlob(ctx, dl, size); err != nil {
-				return nil, err
-			}
+		found, err := b.fromBlob(ctx, dl, check)
+		if found {
 			b.metrics.blobs.WithLabelValues(string(SourceBucket)).Inc()
 			return &Fetch{Source: SourceBucket, b: b, d: d}, nil
 		}
-		if !errors.Is(err, storage.ErrNotFound) {
+		if errors.Is(err, errUnusable) {
 			return alone(err)
+		}
+		if err != nil {
+			return nil, err
 		}
 		if from.PartSize == 0 && from.Size >= 0 {
 			from.PartSize = b.partSizeFor(from.Size)
@@ -197,7 +194,7 @@ func (f *Fetch) Finish(ctx context.Context, committed error) {
 			err = h.lostErr()
 		}
 		if err == nil {
-			err = b.compose(ctx, f.d, h.current())
+			err = b.compose(ctx, f.d, h.current(), h.inherited)
 		}
 		if err != nil {
 			b.log.Warn("the blob is stored here but not in the shared bucket: another replica will finish its upload",
@@ -268,14 +265,11 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 		nl, err := b.readLease(ctx, d)
 		switch {
 		case errors.Is(err, storage.ErrNotFound):
-			size, err := b.StatBlob(ctx, d)
-			if err != nil {
-				return false, held{}, nil // given up without completing: start over
-			}
-			if err := b.fillFromBlob(ctx, dl, size); err != nil {
+			found, err := b.fromBlob(ctx, dl, func() error { return nil })
+			if err != nil && !errors.Is(err, errUnusable) {
 				return false, held{}, err
 			}
-			return true, held{}, nil
+			return found, held{}, nil // not found: given up without completing; start over
 		case err != nil:
 			b.log.Warn("reading the lease of a blob another replica is fetching", "digest", d, "err", err)
 		case nl.etag != seen:
@@ -290,14 +284,46 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 	}
 }
 
-// fillFromBlob writes what dl lacks from the whole blob in the bucket.
-func (b *Bucket) fillFromBlob(ctx context.Context, dl Download, size int64) error {
-	if dl.Size() != size {
-		if err := dl.SetSize(size); err != nil {
-			return fmt.Errorf("reading %s from the bucket: %w", dl.Digest(), err)
+// errUnusable: the bucket could not be asked (unreachable, refusing).
+var errUnusable = errors.New("bucket unusable")
+
+// fromBlob fills dl from the whole blob in the bucket, and reports whether
+// the bucket holds it: the first GET says, with no HEAD before it. check
+// is called before dl is written. An error from the bucket itself wraps
+// errUnusable; one from check or dl does not.
+func (b *Bucket) fromBlob(ctx context.Context, dl Download, check func() error) (bool, error) {
+	d := dl.Digest()
+	key := b.blobKey(d)
+	start := int64(0)
+	if dl.Size() >= 0 {
+		start, _ = dl.Missing(0)
+		start = min(start, max(dl.Size()-1, 0)) // one byte at least: the GET is what says the blob is there
+	}
+	o, err := b.get(ctx, "get_blob", key, start, -1)
+	switch {
+	case errors.Is(err, storage.ErrNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("%w: %w", errUnusable, err)
+	}
+	defer o.body.Close()
+	if err := check(); err != nil {
+		return false, err
+	}
+	if dl.Size() != o.total {
+		if err := dl.SetSize(o.total); err != nil {
+			return false, fmt.Errorf("reading %s from the bucket: %w", d, err)
 		}
 	}
-	return b.fill(ctx, dl, b.blobKey(dl.Digest()), 0, 0, size)
+	buf := copyBuffers.Get().(*[]byte)
+	n, err := copyBody(dl, o.body, key, start, o.size, *buf)
+	copyBuffers.Put(buf)
+	if err == nil {
+		return true, nil
+	}
+	// Cut short: the rest in ranged GETs, resumed where each stops.
+	b.log.Warn("reading from the bucket: resuming", "key", key, "at", start+n, "err", err)
+	return true, b.fill(ctx, dl, key, 0, start+n, o.total)
 }
 
 // fillFromParts writes what dl lacks of the parts l counts as uploaded,
@@ -357,22 +383,25 @@ func (b *Bucket) copyRange(ctx context.Context, dl Download, key string, base, s
 		return 0, err
 	}
 	defer o.body.Close()
-	var n int64
-	for n < end-start {
-		k, rerr := io.ReadFull(o.body, buf[:min(int64(len(buf)), end-start-n)])
+	return copyBody(dl, o.body, key, start, end-start, buf)
+}
+
+// copyBody copies n bytes of body into dl at off, through buf.
+func copyBody(dl Download, body io.Reader, key string, off, n int64, buf []byte) (int64, error) {
+	var done int64
+	for done < n {
+		k, rerr := io.ReadFull(body, buf[:min(int64(len(buf)), n-done)])
 		if k > 0 {
-			if _, err := dl.WriteAt(buf[:k], start+n); err != nil {
-				return n, fmt.Errorf("writing %s at %d: %w", dl.Digest(), start+n, err)
+			if _, err := dl.WriteAt(buf[:k], off+done); err != nil {
+				return done, fmt.Errorf("writing %s at %d: %w", dl.Digest(), off+done, err)
 			}
-			n += int64(k)
+			done += int64(k)
 		}
-		if rerr != nil {
-			if n < end-start {
-				return n, fmt.Errorf("reading %s at %d: %w", key, start-base+n, rerr)
-			}
+		if rerr != nil && done < n {
+			return done, fmt.Errorf("reading %s at %d: %w", key, off+done, rerr)
 		}
 	}
-	return n, nil
+	return done, nil
 }
 
 var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
@@ -494,7 +523,7 @@ func (u *uploader) wait() error {
 // compose assembles the blob in the bucket from its parts, server-side: a
 // copy for one part, else a multipart upload of part copies. Replicas read
 // the whole blob from then on.
-func (b *Bucket) compose(ctx context.Context, d digest.Digest, l lease) error {
+func (b *Bucket) compose(ctx context.Context, d digest.Digest, l lease, inherited bool) error {
 	dst := b.blobKey(d)
 	n := l.numParts()
 	src := func(i int) *string { return aws.String(b.name + "/" + b.partKey(d, i)) }
@@ -506,9 +535,11 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, l lease) error {
 		}
 	} else {
 		// An assembly of the blob begun before is a dead holder's: this
-		// replica holds the lease now.
-		if _, err := b.abortAssemblies(ctx, dst, time.Time{}); err != nil {
-			b.log.Warn("aborting an earlier assembly of a blob: the janitor aborts it later", "digest", d, "err", err)
+		// replica holds the lease now. Only a lease taken over can have had one.
+		if inherited {
+			if _, err := b.abortAssemblies(ctx, dst, time.Time{}); err != nil {
+				b.log.Warn("aborting an earlier assembly of a blob: the janitor aborts it later", "digest", d, "err", err)
+			}
 		}
 		mu, err := b.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &b.name, Key: &dst})
 		b.metrics.request("create_multipart", err)

@@ -114,10 +114,11 @@ func (b *Bucket) writeLease(ctx context.Context, d digest.Digest, l lease, ifMat
 
 // holding is a lease this replica holds, kept alive by keep until release.
 type holding struct {
-	b      *Bucket
-	d      digest.Digest
-	cancel context.CancelFunc
-	done   chan struct{} // closed when keep returns
+	b         *Bucket
+	d         digest.Digest
+	inherited bool // taken over or taken released: others held it before
+	cancel    context.CancelFunc
+	done      chan struct{} // closed when keep returns
 
 	mu      sync.Mutex
 	state   lease
@@ -141,7 +142,7 @@ func (b *Bucket) take(ctx context.Context, d digest.Digest, from lease, ifMatch 
 		return nil, err
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	h := &holding{b: b, d: d, cancel: cancel, done: make(chan struct{}), state: l, etag: etag,
+	h := &holding{b: b, d: d, inherited: ifMatch != "", cancel: cancel, done: make(chan struct{}), state: l, etag: etag,
 		wake: make(chan struct{}, 1), lostCh: make(chan struct{}), written: time.Now()}
 	go h.keep(kctx)
 	return h, nil
