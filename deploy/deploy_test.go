@@ -92,6 +92,11 @@ var exported = map[string]metricType{
 	"pullproxy_store_filesystem_size_bytes":      gauge,
 	"pullproxy_evicted_blobs_total":              counter,
 	"pullproxy_evicted_bytes_total":              counter,
+	"pullproxy_bucket_requests_total":            counter,
+	"pullproxy_bucket_read_bytes_total":          counter,
+	"pullproxy_bucket_written_bytes_total":       counter,
+	"pullproxy_bucket_blob_fetches_total":        counter,
+	"pullproxy_bucket_lease_takeovers_total":     counter,
 }
 
 // others are the series from client_golang's Go and process collectors, and
@@ -696,6 +701,7 @@ func TestKustomizeBuild(t *testing.T) {
 	}{
 		{"kubernetes/base", []string{"ConfigMap", "PodDisruptionBudget", "Service", "ServiceMonitor", "StatefulSet"}},
 		{"kubernetes/overlays/daemonset", []string{"ConfigMap", "DaemonSet"}},
+		{"kubernetes/overlays/replicated", []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount", "ServiceMonitor"}},
 	}
 	// Every kustomization is built here, the ones added later too.
 	built := map[string]bool{}
@@ -731,18 +737,20 @@ func TestKustomizeBuild(t *testing.T) {
 }
 
 type build struct {
-	configMaps map[string]*corev1.ConfigMap
-	services   []*corev1.Service
-	pdbs       []*policyv1.PodDisruptionBudget
-	monitors   []*serviceMonitor
-	pod        *corev1.PodTemplateSpec
-	claims     []corev1.PersistentVolumeClaim
-	sts        *appsv1.StatefulSet
-	ds         *appsv1.DaemonSet
+	configMaps      map[string]*corev1.ConfigMap
+	serviceAccounts map[string]*corev1.ServiceAccount
+	services        []*corev1.Service
+	pdbs            []*policyv1.PodDisruptionBudget
+	monitors        []*serviceMonitor
+	pod             *corev1.PodTemplateSpec
+	claims          []corev1.PersistentVolumeClaim
+	sts             *appsv1.StatefulSet
+	ds              *appsv1.DaemonSet
+	deploy          *appsv1.Deployment
 }
 
 func checkBuild(t *testing.T, objs []any, wantKinds []string, example map[string]bool) {
-	b := build{configMaps: map[string]*corev1.ConfigMap{}}
+	b := build{configMaps: map[string]*corev1.ConfigMap{}, serviceAccounts: map[string]*corev1.ServiceAccount{}}
 	var kinds []string
 	for _, o := range objs {
 		switch o := o.(type) {
@@ -764,6 +772,12 @@ func checkBuild(t *testing.T, objs []any, wantKinds []string, example map[string
 		case *appsv1.DaemonSet:
 			kinds = append(kinds, "DaemonSet")
 			b.ds, b.pod = o, &o.Spec.Template
+		case *appsv1.Deployment:
+			kinds = append(kinds, "Deployment")
+			b.deploy, b.pod = o, &o.Spec.Template
+		case *corev1.ServiceAccount:
+			kinds = append(kinds, "ServiceAccount")
+			b.serviceAccounts[o.Name] = o
 		default:
 			t.Errorf("unexpected %T", o)
 		}
@@ -851,6 +865,17 @@ func checkBuild(t *testing.T, objs []any, wantKinds []string, example map[string
 	}
 	checkResources(t, c)
 
+	// The pods' ServiceAccount is one the build makes (or the namespace's
+	// default), and a ServiceAccount made is the pods'.
+	if sa := spec.ServiceAccountName; sa != "" && sa != "default" && b.serviceAccounts[sa] == nil {
+		t.Errorf("serviceAccountName %s: no such ServiceAccount in the build", sa)
+	}
+	for name := range b.serviceAccounts {
+		if name != spec.ServiceAccountName {
+			t.Errorf("ServiceAccount %s: the pods use %q", name, spec.ServiceAccountName)
+		}
+	}
+
 	// The data dir is the volume kept for it, writable.
 	dataDir := cfg.DataDir
 	if d, ok := flagValue(c.Args[1:], "data-dir"); ok {
@@ -868,7 +893,7 @@ func checkBuild(t *testing.T, objs []any, wantKinds []string, example map[string
 		}
 		// A size bound must fit the claim, with room for the metadata.
 		claim := b.claims[i].Spec.Resources.Requests[corev1.ResourceStorage]
-		if size, err := resource.ParseQuantity(strings.TrimSuffix(cfg.MaxSize, "B")); err == nil && size.Cmp(claim) >= 0 {
+		if size, err := parseSize(cfg.MaxSize); err == nil && size.Cmp(claim) >= 0 {
 			t.Errorf("max_size %s: not below the claim's %s", cfg.MaxSize, claim.String())
 		}
 		if sc == nil || sc.FSGroup == nil {
@@ -884,6 +909,30 @@ func checkBuild(t *testing.T, objs []any, wantKinds []string, example map[string
 		// Two pods on a node would share the data dir, which one process may use.
 		if ru := b.ds.Spec.UpdateStrategy.RollingUpdate; ru != nil && ru.MaxSurge != nil && ru.MaxSurge.IntValue() != 0 {
 			t.Errorf("updateStrategy maxSurge %s: want 0", ru.MaxSurge)
+		}
+	case b.deploy != nil:
+		// Each replica's cache is its pod's own, bounded: the kubelet evicts
+		// a pod whose emptyDir outgrows its sizeLimit, so max_size must be a
+		// size below it, with room for the metadata.
+		v := volume(spec, mount.Name)
+		if v == nil || v.EmptyDir == nil || v.EmptyDir.SizeLimit == nil || v.EmptyDir.SizeLimit.IsZero() {
+			t.Fatalf("data_dir %s: volume %s is not an emptyDir with a sizeLimit", dataDir, mount.Name)
+		}
+		limit := *v.EmptyDir.SizeLimit
+		size, err := parseSize(cfg.MaxSize)
+		switch {
+		case err != nil:
+			t.Errorf("max_size %q: want a size below the emptyDir's %s (%v)", cfg.MaxSize, limit.String(), err)
+		case size.Cmp(limit) >= 0:
+			t.Errorf("max_size %s: not below the emptyDir's %s", cfg.MaxSize, limit.String())
+		}
+		if req, ok := c.Resources.Requests[corev1.ResourceEphemeralStorage]; ok && req.Cmp(limit) < 0 {
+			t.Errorf("ephemeral-storage request %s: below the emptyDir's %s", req.String(), limit.String())
+		}
+		// Replicas with caches that go with their pods are worth running
+		// only in front of the bucket they share.
+		if cfg.Storage.Type != "s3" {
+			t.Errorf("storage.type %q: want s3, for replicas that share a bucket", cfg.Storage.Type)
 		}
 	}
 
@@ -932,6 +981,15 @@ type pullproxyConfig struct {
 	Listen  string `yaml:"listen"`
 	DataDir string `yaml:"data_dir"`
 	MaxSize string `yaml:"max_size"`
+	Storage struct {
+		Type string `yaml:"type"`
+	} `yaml:"storage"`
+}
+
+// parseSize reads a max_size written as a size (180GiB) as a quantity; a
+// percentage or off is an error.
+func parseSize(s string) (resource.Quantity, error) {
+	return resource.ParseQuantity(strings.TrimSuffix(s, "B"))
 }
 
 // podConfig finds the file --config names in the ConfigMap mounted for it,
