@@ -23,6 +23,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -81,6 +82,7 @@ func doctor(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	d := &doctorRun{cfg: cfg, platform: *platform, server: *server}
 	d.run(ctx, fs.Arg(0))
+	d.bucket(ctx)
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
@@ -528,6 +530,30 @@ func (d *doctorRun) disk() {
 		return
 	}
 	d.ok("disk "+dir, detail)
+}
+
+// bucket checks the bucket replicas share, when they share one: reachable,
+// writable with the credentials at hand, conditional writes honoured.
+func (d *doctorRun) bucket(ctx context.Context) {
+	st := d.cfg.Storage
+	if !st.shared() {
+		return
+	}
+	step := "bucket " + st.Bucket
+	b, err := bucket.Open(ctx, st.bucketConfig(), bucket.WithLogger(slog.New(slog.DiscardHandler)))
+	if err == nil {
+		err = b.Check(ctx) // Open only warns when conditional writes are ignored
+	}
+	if err != nil {
+		class, fix := bucket.Diagnose(err)
+		if errors.Is(err, bucket.ErrNoConditionalWrites) {
+			d.warn(step, err.Error(), class, fix, "here")
+			return
+		}
+		d.fail(step, err.Error(), class, fix, "here")
+		return
+	}
+	d.ok(step, "reachable, writable, conditional writes honoured")
 }
 
 // gaugeValue reads a gauge of reg labelled upstream=name.

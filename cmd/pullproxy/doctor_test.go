@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 
 	"github.com/pullproxy/pullproxy/internal/ecrtest"
+	"github.com/pullproxy/pullproxy/internal/miniotest"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
@@ -263,4 +264,42 @@ func TestDoctorECRWrongRegion(t *testing.T) {
 		}
 	}
 	t.Errorf("no step failed:\n%s", out)
+}
+
+// TestDoctorBucket: with storage type s3, doctor checks the bucket, and
+// names what is wrong with it.
+func TestDoctorBucket(t *testing.T) {
+	ok, why := miniotest.Available()
+	requireTool(t, ok, why)
+	srv, err := miniotest.Start(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Stop() })
+	if err := srv.CreateBucket(t.Context(), "layers"); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
+	t.Setenv("AWS_CONFIG_FILE", os.DevNull)
+	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", os.DevNull)
+	for _, tt := range []struct {
+		name, bucket, secret string
+		verdict, class       string
+	}{
+		{"works", "layers", miniotest.SecretKey, "ok", ""},
+		{"no such bucket", "nope", miniotest.SecretKey, "fail", "bucket missing"},
+		{"wrong secret", "layers", "wrong-secret", "fail", "bucket credentials refused"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("AWS_ACCESS_KEY_ID", miniotest.AccessKey)
+			t.Setenv("AWS_SECRET_ACCESS_KEY", tt.secret)
+			d := &doctorRun{cfg: fileConfig{Storage: storageConfig{Type: "s3", Bucket: tt.bucket,
+				Endpoint: srv.Endpoint, PathStyle: true}}}
+			d.bucket(t.Context())
+			if len(d.steps) != 1 || d.steps[0].Verdict != tt.verdict || d.steps[0].Class != tt.class ||
+				tt.verdict == "fail" && d.steps[0].Where != "here" {
+				t.Errorf("got %+v, want %s %q", d.steps, tt.verdict, tt.class)
+			}
+		})
+	}
 }

@@ -93,7 +93,8 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 	if cfg.Storage.shared() {
 		b, err := bucket.Open(ctx, cfg.Storage.bucketConfig(), bucket.WithLogger(log), bucket.WithMetrics(reg))
 		if err != nil {
-			return nil, fmt.Errorf("opening the shared bucket: %w", err)
+			class, fix := bucket.Diagnose(err)
+			return nil, fmt.Errorf("opening the shared bucket: %s: %w (fix: %s; pullproxy doctor checks it)", class, err, fix)
 		}
 		served, shared, m.bucket = bucket.NewStore(store, b), b, b
 		if background {

@@ -219,8 +219,18 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
 	if b.metrics, err = newMetrics(o.reg); err != nil {
 		return nil, err
 	}
-	if _, err := client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(cfg.Bucket)}); err != nil {
+	// A listing rather than a HEAD: its refusal says why (a HEAD's has no
+	// body), and the janitor needs the permission.
+	_, err = client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String(cfg.Bucket), Prefix: aws.String(cfg.Prefix), MaxKeys: aws.Int32(1)})
+	b.metrics.request("list_bucket", err)
+	if err != nil {
 		return nil, fmt.Errorf("bucket %s at %s: %w", cfg.Bucket, b.where(), err)
+	}
+	if err := b.Check(ctx); errors.Is(err, ErrNoConditionalWrites) {
+		class, fix := Diagnose(err)
+		b.log.Warn("the shared bucket cannot hold leases: "+class, "bucket", cfg.Bucket, "err", err, "fix", fix)
+	} else if err != nil {
+		return nil, err
 	}
 	return b, nil
 }
