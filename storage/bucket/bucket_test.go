@@ -507,3 +507,25 @@ func TestCleanRemovesStaleUploads(t *testing.T) {
 		t.Errorf("%d multipart uploads left", len(out.Uploads))
 	}
 }
+
+// A small blob takes no lease: the replica that fetched it uploads it
+// whole once verified, and the next reads it from the bucket.
+func TestSmallBlobUploadedWhole(t *testing.T) {
+	srv, bucket := testMinio(t)
+	cfg := Config{Bucket: bucket}
+	a, b := newReplica(t, srv, "a", cfg), newReplica(t, srv, "b", cfg)
+	blob, d := randomBlob(smallBlob-1, 8)
+	up := &testUpstream{blob: blob}
+	if src, err := fetchAndCommit(t.Context(), a, d, int64(len(blob)), up); err != nil || src != SourceUpstream {
+		t.Fatalf("first replica: %s, %v", src, err)
+	}
+	if left := bucketObjects(t, srv, bucket, "uploads/"); len(left) > 0 {
+		t.Errorf("a small blob left upload objects: %v", left)
+	}
+	if src, err := fetchAndCommit(t.Context(), b, d, int64(len(blob)), up); err != nil || src != SourceBucket {
+		t.Fatalf("second replica: %s, %v; want it from the bucket", src, err)
+	}
+	if up.sent.Load() != int64(len(blob)) {
+		t.Errorf("upstream sent %d bytes, want %d", up.sent.Load(), len(blob))
+	}
+}

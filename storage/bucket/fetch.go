@@ -52,7 +52,13 @@ type Fetch struct {
 	d      digest.Digest
 	h      *holding  // the lease, while this replica uploads
 	up     *uploader // the upload of the parts, while this replica holds the lease
+	small  Download  // a small blob fetched without a lease, to upload whole
 }
+
+// smallBlob is the size under which a blob is fetched without a lease and
+// uploaded whole once verified: two replicas fetching one at once waste
+// less than the lease's requests would cost.
+const smallBlob = 1 << 20
 
 // Fetch fills dl with its blob, going to the upstream only when no replica
 // has it or is fetching it:
@@ -107,6 +113,13 @@ func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Co
 		}
 		if err != nil {
 			return nil, err
+		}
+		if size := dl.Size(); attempt == 0 && size >= 0 && size < smallBlob {
+			if err := fetch(ctx); err != nil {
+				return nil, err
+			}
+			b.metrics.blobs.WithLabelValues(string(SourceUpstream)).Inc()
+			return &Fetch{Source: SourceUpstream, b: b, d: d, small: dl}, nil
 		}
 		if from.PartSize == 0 && from.Size >= 0 {
 			from.PartSize = b.partSizeFor(from.Size)
@@ -183,6 +196,9 @@ func (b *Bucket) hold(ctx context.Context, dl Download, h *holding, check func()
 // bytes were wrong the parts are removed too; else the lease is released
 // and the parts kept for whoever comes next.
 func (f *Fetch) Finish(ctx context.Context, committed error) {
+	if f != nil && f.small != nil && committed == nil {
+		f.b.putSmall(ctx, f.small)
+	}
 	if f == nil || f.h == nil {
 		return
 	}
@@ -211,6 +227,22 @@ func (f *Fetch) Finish(ctx context.Context, committed error) {
 	default:
 		f.up.stop()
 		h.release(ctx)
+	}
+}
+
+// putSmall uploads a small verified blob whole, unless another replica
+// did first.
+func (b *Bucket) putSmall(ctx context.Context, dl Download) {
+	f, err := dl.Open()
+	if err == nil {
+		defer f.Close()
+		var fi os.FileInfo
+		if fi, err = f.Stat(); err == nil {
+			_, err = b.put(ctx, "put_blob", b.blobKey(dl.Digest()), f, fi.Size(), "*", "", nil)
+		}
+	}
+	if err != nil && !errors.Is(err, errPrecondition) {
+		b.log.Warn("sharing a blob in the bucket: other replicas fetch it themselves", "digest", dl.Digest(), "err", err)
 	}
 }
 
