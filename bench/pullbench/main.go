@@ -5,8 +5,10 @@
 // trip and TCP slow start; the registry speaks TLS with a test CA, whose
 // handshake crosses the path too): containerd pulling directly (the
 // baseline, on a clean path and on the carrier), and through pullproxy cold
-// and warm. It prints a Markdown table and writes the results as JSON, with
-// the commit they were measured on.
+// and warm; and two pullproxy replicas sharing a bucket (MinIO, on this
+// machine), one pulling after the other and both at once. It prints a
+// Markdown table and writes the results as JSON, with the commit they were
+// measured on.
 //
 //	go run ./bench/pullbench -runs 3 -json bench/results.json
 //
@@ -28,6 +30,7 @@ import (
 
 	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
 	"github.com/pullproxy/pullproxy/internal/containerdtest"
+	"github.com/pullproxy/pullproxy/internal/miniotest"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
@@ -50,6 +53,7 @@ type config struct {
 	RTTs           []int64 `json:"rtts_ms"`               // the path's round-trip times measured at
 	SetupRTTs      int     `json:"setup_rtts"`            // round trips of set-up per session besides TLS's own
 	Extras         bool    `json:"extras"`                // the rows measured at the first RTT only were measured
+	Replicas       bool    `json:"replicas"`              // the rows of two replicas sharing a MinIO bucket were measured
 	ProxyFetch     string  `json:"proxy_fetch,omitempty"` // pullproxy's fetch settings, when not the defaults
 }
 
@@ -83,6 +87,8 @@ func parseFlags() (cfg config, jsonOut, proxyLogs string) {
 	rtts := flag.String("rtts", "0,40,100", "round-trip times of the path to measure at, in ms")
 	flag.BoolVar(&cfg.Extras, "extras", true, "measure the direct pull across the carrier, stalls, the warm pull, coalescing, "+
 		"a kill and memory, at the first RTT")
+	flag.BoolVar(&cfg.Replicas, "replicas", true, "measure two pullproxy replicas sharing a MinIO bucket (a pull through one "+
+		"after a pull through the other, and both at once, cold), at the first RTT; needs minio on PATH")
 	flag.StringVar(&cfg.ProxyFetch, "proxy-fetch", "", `pullproxy's fetch settings, as YAML flow mapping entries, e.g. "max_connection_budget: 1MiB"`)
 	flag.IntVar(&cfg.SetupRTTs, "setup-rtts", 1, "round trips of set-up per session before TLS's own (TCP's handshake)")
 	flag.Parse()
@@ -104,6 +110,12 @@ func parseFlags() (cfg config, jsonOut, proxyLogs string) {
 func run(ctx context.Context, cfg config, jsonOut, proxyLogs string) error {
 	if ok, reason := containerdtest.Available(); !ok {
 		return fmt.Errorf("pullbench needs containerd: %s", reason)
+	}
+	if cfg.Replicas {
+		if ok, reason := miniotest.Available(); !ok {
+			log.Printf("skipping the rows of replicas sharing a bucket: %s", reason)
+			cfg.Replicas = false
+		}
 	}
 	prov, err := benchrun.ReadProvenance(ctx, []string{"ctr", "--version"})
 	if err != nil {

@@ -63,7 +63,7 @@ func (b *bench) measureAll(ctx context.Context) []result {
 			logResult(r)
 			results = append(results, r)
 		}
-		for _, m := range b.measurements(rtt, i == 0 && b.cfg.Extras) {
+		for _, m := range b.measurements(rtt, i == 0 && b.cfg.Extras, i == 0 && b.cfg.Replicas) {
 			r := b.measure(ctx, m)
 			b.fill(&r, m, clean)
 			results = append(results, r)
@@ -86,9 +86,9 @@ func (b *bench) fill(r *result, m measurement, clean result) {
 }
 
 // measurements are the rows after the direct pulls at round-trip time rtt;
-// all adds those measured at one round-trip time only.
-func (b *bench) measurements(rtt time.Duration, all bool) []measurement {
-	layerMiB := b.cfg.LayerSizes[0] / mib
+// all adds those measured at one round-trip time only, and replicas the
+// rows of two replicas sharing a bucket (also at one only).
+func (b *bench) measurements(rtt time.Duration, all, replicas bool) []measurement {
 	rows := []measurement{
 		{name: "pullproxy cold, clean path", upstream: true, rss: true, wholeImage: true, overLink: true, rtt: rtt,
 			run: func(ctx context.Context) (sample, error) { return b.viaProxy(ctx, carrier.Reset, 0, rtt, false) }},
@@ -97,10 +97,24 @@ func (b *bench) measurements(rtt time.Duration, all bool) []measurement {
 				return b.viaProxy(ctx, carrier.Reset, b.cfg.CutProb, rtt, false)
 			}},
 	}
-	if !all {
-		return rows
+	if all {
+		rows = append(rows, b.extras(rtt)...)
 	}
-	return append(rows, []measurement{
+	if replicas {
+		rows = append(rows, []measurement{
+			{name: "replica B after A (shared bucket)", upstream: true, wholeImage: true, rtt: rtt,
+				run: func(ctx context.Context) (sample, error) { return b.replicaAfter(ctx, rtt) }},
+			{name: "two replicas at once, cold (shared bucket)", upstream: true, rss: true, wholeImage: true, overLink: true, rtt: rtt,
+				run: func(ctx context.Context) (sample, error) { return b.replicasAtOnce(ctx, rtt) }},
+		}...)
+	}
+	return rows
+}
+
+// extras are the rows of one pullproxy measured at one round-trip time only.
+func (b *bench) extras(rtt time.Duration) []measurement {
+	layerMiB := b.cfg.LayerSizes[0] / mib
+	return []measurement{
 		{name: "pullproxy cold, carrier stalls", upstream: true, rss: true, wholeImage: true, overLink: true, rtt: rtt,
 			run: func(ctx context.Context) (sample, error) {
 				return b.viaProxy(ctx, carrier.Stall, b.cfg.CutProb, rtt, false)
@@ -115,7 +129,7 @@ func (b *bench) measurements(rtt time.Duration, all bool) []measurement {
 			run: b.killed},
 		{name: fmt.Sprintf("cold image, %d clients at once: peak RSS", b.cfg.Clients), upstream: true, rss: true,
 			run: b.memory},
-	}...)
+	}
 }
 
 // measure runs m cfg.Runs times and summarises the runs. It stops at the

@@ -37,12 +37,19 @@ func startProxy(ctx context.Context, b *bench, upstreamURL string) (*proxyProces
 }
 
 func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*proxyProcess, error) {
+	return startProxyWith(ctx, b, upstreamURL, dataDir, "", nil)
+}
+
+// startProxyWith is startProxyOn with more configuration (YAML appended to
+// the config file) and environment (added to pullbench's own).
+func startProxyWith(ctx context.Context, b *bench, upstreamURL, dataDir, moreYAML string, env []string) (*proxyProcess, error) {
 	config := dataDir + ".yaml"
 	yaml := fmt.Sprintf("upstreams:\n  - name: %s\n    endpoints: [{url: %q}]\n    ca_file: %q\n",
 		registryHost, upstreamURL, b.reg.CAFile())
 	if b.cfg.ProxyFetch != "" {
 		yaml += "fetch: {" + b.cfg.ProxyFetch + "}\n"
 	}
+	yaml += moreYAML
 	if err := os.WriteFile(config, []byte(yaml), 0o644); err != nil {
 		return nil, fmt.Errorf("writing pullproxy's config: %w", err)
 	}
@@ -57,7 +64,11 @@ func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*
 		}
 		log = p.log
 	}
-	proc, err := benchrun.Start(ctx, exec.Command(b.bin, args...), benchrun.PullproxyAddr, log)
+	cmd := exec.Command(b.bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	proc, err := benchrun.Start(ctx, cmd, benchrun.PullproxyAddr, log)
 	if err != nil {
 		p.closeLog()
 		return nil, err

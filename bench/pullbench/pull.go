@@ -18,7 +18,9 @@ type fetch struct {
 	// by the tap in front of it) to ctr's exit, when the image's content is
 	// committed in containerd's store.
 	took    time.Duration
-	failure string // ctr's error if it exited non-zero, else ""
+	first   time.Time // ctr's first connection
+	end     time.Time // ctr's exit
+	failure string    // ctr's error if it exited non-zero, else ""
 }
 
 // hostsFunc writes the hosts.toml that sends registryHost's requests to
@@ -42,16 +44,21 @@ func mirrorHosts(d *containerdtest.Daemon, addr string) (string, error) {
 // error means the pull could not be made; a pull that failed is a fetch with
 // a failure.
 func (b *bench) pull(ctx context.Context, target string, hosts hostsFunc) (fetch, error) {
-	t, err := startTap(target)
-	if err != nil {
-		return fetch{}, err
-	}
-	defer t.close()
 	d, remove, err := b.newContainerd(ctx)
 	if err != nil {
 		return fetch{}, err
 	}
 	defer remove()
+	return b.pullOn(ctx, d, target, hosts)
+}
+
+// pullOn is pull with a containerd already started (and still empty).
+func (b *bench) pullOn(ctx context.Context, d *containerdtest.Daemon, target string, hosts hostsFunc) (fetch, error) {
+	t, err := startTap(target)
+	if err != nil {
+		return fetch{}, err
+	}
+	defer t.close()
 	hostsDir, err := hosts(d, t.addr())
 	if err != nil {
 		return fetch{}, err
@@ -68,7 +75,7 @@ func (b *bench) pull(ctx context.Context, target string, hosts hostsFunc) (fetch
 	if !ok {
 		return fetch{}, fmt.Errorf("ctr made no request (ctr's error: %q)", f.failure)
 	}
-	f.took = end.Sub(first)
+	f.took, f.first, f.end = end.Sub(first), first, end
 	return f, nil
 }
 

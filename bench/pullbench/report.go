@@ -29,6 +29,16 @@ func printTable(w io.Writer, rep report) {
 		"\"Of the link\" is the image's bytes over the median time, as a share of the cap (computed, not measured).\n\n",
 		len(cfg.LayerSizes), float64(rep.ImageBytes)/mib, cfg.CutProb*100, float64(cfg.CutMin)/1e6,
 		float64(cfg.CutMax)/1e6, float64(cfg.Bandwidth)/1e6, cfg.SetupRTTs, cfg.Runs)
+	if cfg.Replicas {
+		fmt.Fprintf(w, "Replica rows: two pullproxy replicas, each with an empty data dir, sharing a fresh bucket of a "+
+			"MinIO server on this machine (its data on the same disk), their upstream across the carrier with resets; "+
+			"new replicas and a new bucket for every run. \"replica B after A\": a containerd pulls through A "+
+			"(not timed), pullbench waits until every blob of the image is in the bucket, then a new containerd "+
+			"pulls through B; time and upstream bytes are B's pull's. \"two replicas at once\": two new "+
+			"containerds pull the cold image together, one through each replica; the time runs from the earlier "+
+			"pull's first connection to the later one's exit, upstream bytes are both pulls' over one image's, "+
+			"peak RSS the larger replica's.\n\n")
+	}
 	n := cfg.Runs
 	fmt.Fprintf(w, "| RTT | measurement | time, median of %d | time, worst of %d | median time / clean direct median "+
 		"| of the link | upstream bytes / needed, worst of %d | peak sessions, worst of %d | peak RSS, worst of %d | note |\n",
