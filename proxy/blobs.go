@@ -174,19 +174,19 @@ func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d di
 	var size int64
 	var err error
 	if s.sharedBlobs != nil {
-		size, err := s.sharedBlobs.StatBlob(r.Context(), d)
-		if err == nil {
-			if err = s.inRepository(r.Context(), rt, kindBlob, d); err != nil {
-				s.fail(w, r, rt, err)
+		shared, serr := s.sharedBlobs.StatBlob(r.Context(), d)
+		if serr == nil {
+			if serr = s.inRepository(r.Context(), rt, kindBlob, d); serr != nil {
+				s.fail(w, r, rt, serr)
 				return
 			}
 			setSource(w, sourceBucket)
-			w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+			w.Header().Set("Content-Length", strconv.FormatInt(shared, 10))
 			w.WriteHeader(http.StatusOK)
 			return
 		}
-		if !errors.Is(err, storage.ErrNotFound) {
-			s.log.Warn("looking for a blob in the shared bucket: asking the upstream", "digest", d, "err", err)
+		if !errors.Is(serr, storage.ErrNotFound) {
+			s.log.Warn("looking for a blob in the shared bucket: asking the upstream", "digest", d, "err", serr)
 		}
 	}
 	if p, own := s.downloads.lookup(rt, d); p != nil {

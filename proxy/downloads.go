@@ -63,6 +63,9 @@ type download struct {
 	finished chan struct{} // closed once the download has left the table
 	partial  *storage.Partial
 	err      error
+	// alone: fetched without the shared bucket, whose bytes failed
+	// verification in the attempt before.
+	alone bool
 }
 
 func newDownloads(s *Server, timeout time.Duration) *downloads {
@@ -171,7 +174,7 @@ func (t *downloads) run(rt route, dl *download) {
 	var shared *bucket.Fetch
 	source := bucket.SourceUpstream
 	var err error
-	if sb := t.srv.sharedBlobs; sb != nil {
+	if sb := t.srv.sharedBlobs; sb != nil && !dl.alone {
 		// Bytes from the bucket were fetched for some repository: they
 		// are served for rt's only once it is known to hold them.
 		confirm := func(ctx context.Context) error { return t.srv.inRepository(ctx, rt, kindBlob, d) }
@@ -196,8 +199,16 @@ func (t *downloads) run(rt route, dl *download) {
 	// last part, then its assembly in the bucket).
 	shared.Finish(ctx, err)
 
-	if (errors.Is(err, storage.ErrDigestMismatch) || errors.Is(err, storage.ErrSizeMismatch)) && !errors.Is(err, storage.ErrChangedOnDisk) {
+	mismatch := (errors.Is(err, storage.ErrDigestMismatch) || errors.Is(err, storage.ErrSizeMismatch)) && !errors.Is(err, storage.ErrChangedOnDisk)
+	if mismatch {
 		t.srv.metrics.verifyFailures.WithLabelValues(rt.up.Name()).Inc()
+	}
+	if mismatch && shared.FromBucket() {
+		// Bytes from the bucket were in it: the upstream is not to blame.
+		// Finish removed what they came from; fetch again without it.
+		log.Warn("blob failed verification with bytes from the shared bucket in it: fetching it again from the upstream alone", "err", err)
+		t.restartAlone(rt, d)
+		return
 	}
 	if errors.Is(err, storage.ErrDigestMismatch) && !errors.Is(err, storage.ErrChangedOnDisk) && served != "" {
 		// The upstream remembers, and asks that endpoint no more for d.
@@ -250,13 +261,19 @@ func fetchAttrs(r upstream.FetchReport) []any {
 }
 
 // restart starts a new download of d unless one is already running.
-func (t *downloads) restart(rt route, d digest.Digest) {
+func (t *downloads) restart(rt route, d digest.Digest) { t.restartWith(rt, d, false) }
+
+// restartAlone is restart without the shared bucket.
+func (t *downloads) restartAlone(rt route, d digest.Digest) { t.restartWith(rt, d, true) }
+
+func (t *downloads) restartWith(rt route, d digest.Digest, alone bool) {
 	t.mu.Lock()
 	if _, running := t.m[d]; running {
 		t.mu.Unlock()
 		return
 	}
 	dl := newDownload(rt)
+	dl.alone = alone
 	t.m[d] = dl
 	t.mu.Unlock()
 	if err := t.start(t.srv.ctx, rt, d, dl); err != nil && !errors.Is(err, errStored) {

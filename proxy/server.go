@@ -313,8 +313,6 @@ func WithBlobLoop(enabled bool) Option {
 	return func(c *config) error { c.noBlobLoop = !enabled; return nil }
 }
 
-// WithMetricsRegistry registers the server's metrics with reg and serves reg
-// at /metrics. Default: a registry of the server's own.
 // SharedBlobs is the tier of blobs replicas share: *bucket.Bucket. A blob
 // the local store lacks is looked for there before the upstream, and
 // fetched through it (see bucket.Bucket.Fetch) so that replicas fetch
@@ -334,6 +332,8 @@ func WithSharedBlobs(b SharedBlobs) Option {
 	return func(c *config) error { c.sharedBlobs = b; return nil }
 }
 
+// WithMetricsRegistry registers the server's metrics with reg and serves reg
+// at /metrics. Default: a registry of the server's own.
 func WithMetricsRegistry(reg *prometheus.Registry) Option {
 	return func(c *config) error { c.registry = reg; return nil }
 }

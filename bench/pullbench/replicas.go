@@ -25,8 +25,6 @@ const (
 	// uploadWait bounds the wait for replica A's uploads to the bucket
 	// after its client has the image.
 	uploadWait = 5 * time.Minute
-	// bucketCreateWait bounds the attempts to create a run's bucket.
-	bucketCreateWait = 30 * time.Second
 )
 
 // sharedBucket is a MinIO server on loopback, its data under the work dir
@@ -54,23 +52,9 @@ func (b *bench) startBucket(ctx context.Context) (*sharedBucket, error) {
 	return s, nil
 }
 
-// create creates the bucket. A MinIO server that answers ready may still
-// refuse it for a moment (XMinioServerNotInitialized): it is asked again
-// for up to bucketCreateWait.
+// create creates the bucket (miniotest retries while MinIO starts).
 func (s *sharedBucket) create(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, bucketCreateWait)
-	defer cancel()
-	for {
-		err := s.srv.CreateBucket(ctx, bucketName)
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	return s.srv.CreateBucket(ctx, bucketName)
 }
 
 func (s *sharedBucket) close() {

@@ -122,8 +122,8 @@ func (c storageConfig) validate() error {
 	if c.Serve != "" && c.Serve != "cache" && c.Serve != "redirect" {
 		errs = append(errs, fmt.Errorf("storage: serve %q: want cache or redirect", c.Serve))
 	}
-	if c.PartSize != 0 && c.PartSize < 5<<20 {
-		errs = append(errs, fmt.Errorf("storage: part_size %d is below S3's least part, 5MiB", c.PartSize))
+	if c.PartSize != 0 && (c.PartSize < 5<<20 || c.PartSize > 5<<30) {
+		errs = append(errs, fmt.Errorf("storage: part_size %d is outside S3's 5MiB to 5GiB", c.PartSize))
 	}
 	if c.LeaseTTL < 0 || c.StaleUploads < 0 {
 		errs = append(errs, errors.New("storage: lease_ttl and stale_uploads must not be negative"))

@@ -110,13 +110,23 @@ func (s *Server) Client() *s3.Client {
 		BaseEndpoint: aws.String(s.Endpoint), UsePathStyle: true})
 }
 
-// CreateBucket creates a bucket.
+// CreateBucket creates a bucket. A server that answers ready may refuse
+// it for a moment (XMinioServerNotInitialized): it is asked again for up
+// to 30 s.
 func (s *Server) CreateBucket(ctx context.Context, name string) error {
-	_, err := s.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)})
-	if err != nil {
-		return fmt.Errorf("creating bucket %s: %w", name, err)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		_, err := s.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: aws.String(name)})
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("creating bucket %s: %w", name, err)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
-	return nil
 }
 
 // Stop stops the server.

@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"path"
@@ -83,6 +84,7 @@ const (
 	defaultLeaseTTL     = 30 * time.Second
 	defaultPartSize     = 16 << 20
 	minPartSize         = 5 << 20 // S3's least part of a multipart upload, but the last
+	maxPartSize         = 5 << 30 // S3's most, and the most a copy may copy
 	maxParts            = 10000   // S3's most parts of a multipart upload
 	defaultStaleUploads = 24 * time.Hour
 	presignExpiry       = 15 * time.Minute
@@ -168,8 +170,8 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
 	if cfg.PartSize == 0 {
 		cfg.PartSize = defaultPartSize
 	}
-	if cfg.PartSize < minPartSize {
-		return nil, fmt.Errorf("bucket: part_size %d is below S3's least part, 5 MiB", cfg.PartSize)
+	if cfg.PartSize < minPartSize || cfg.PartSize > maxPartSize {
+		return nil, fmt.Errorf("bucket: part_size %d is outside S3's 5 MiB to 5 GiB", cfg.PartSize)
 	}
 	if cfg.StaleUploads <= 0 {
 		cfg.StaleUploads = defaultStaleUploads
@@ -202,6 +204,15 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
 		so.UsePathStyle = cfg.PathStyle
 		if o.client != nil {
 			so.HTTPClient = o.client
+		} else {
+			// Bounded set-up and first byte: a bucket that does not answer
+			// fails a request in seconds, and the replica fetches alone.
+			so.HTTPClient = awshttp.NewBuildableClient().
+				WithDialerOptions(func(d *net.Dialer) { d.Timeout = 5 * time.Second }).
+				WithTransportOptions(func(t *http.Transport) {
+					t.TLSHandshakeTimeout = 10 * time.Second
+					t.ResponseHeaderTimeout = 30 * time.Second
+				})
 		}
 		// Checksums only where S3 requires them: servers that predate
 		// the SDK's default CRC32 trailers (older MinIO, Ceph) refuse them.
@@ -221,10 +232,19 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
 	}
 	// A listing rather than a HEAD: its refusal says why (a HEAD's has no
 	// body), and the janitor needs the permission.
-	_, err = client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: aws.String(cfg.Bucket), Prefix: aws.String(cfg.Prefix), MaxKeys: aws.Int32(1)})
+	lctx, cancel := context.WithTimeout(ctx, opTimeout)
+	_, err = client.ListObjectsV2(lctx, &s3.ListObjectsV2Input{Bucket: aws.String(cfg.Bucket), Prefix: aws.String(cfg.Prefix), MaxKeys: aws.Int32(1)})
+	cancel()
 	b.metrics.request("list_bucket", err)
 	if err != nil {
-		return nil, fmt.Errorf("bucket %s at %s: %w", cfg.Bucket, b.where(), err)
+		err = fmt.Errorf("bucket %s at %s: %w", cfg.Bucket, b.where(), err)
+		if class, fix := Diagnose(err); class == "bucket unreachable" || class == "bucket error" {
+			// An outage, not a mistake: start, and fetch alone until
+			// the bucket answers.
+			b.log.Warn("the shared bucket does not answer: serving without it until it does", "class", class, "err", err, "fix", fix)
+			return b, nil
+		}
+		return nil, err
 	}
 	if err := b.Check(ctx); errors.Is(err, ErrNoConditionalWrites) {
 		class, fix := Diagnose(err)
@@ -324,8 +344,14 @@ func (b *Bucket) get(ctx context.Context, op, key string, off, n int64) (object,
 	return o, nil
 }
 
+// opTimeout bounds a request on a small object (a lease, tag, member,
+// manifest): a bucket that hangs must not hold a pull for long.
+const opTimeout = 15 * time.Second
+
 // getSmall reads a small object whole.
 func (b *Bucket) getSmall(ctx context.Context, op, key string) ([]byte, object, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	o, err := b.get(ctx, op, key, 0, -1)
 	if err != nil {
 		return nil, o, err
@@ -346,6 +372,8 @@ func (b *Bucket) head(ctx context.Context, op, key string) (int64, error) {
 
 // headMeta returns key's size and metadata.
 func (b *Bucket) headMeta(ctx context.Context, op, key string) (int64, map[string]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	out, err := b.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &b.name, Key: &key})
 	b.metrics.request(op, err)
 	if err != nil {
@@ -375,19 +403,37 @@ func (b *Bucket) put(ctx context.Context, op, key string, body io.ReadSeeker, si
 }
 
 func (b *Bucket) putBytes(ctx context.Context, op, key string, body []byte, ifNoneMatch, ifMatch string, metadata map[string]string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	defer cancel()
 	return b.put(ctx, op, key, bytes.NewReader(body), int64(len(body)), ifNoneMatch, ifMatch, metadata)
 }
 
-// delete deletes keys, a thousand (S3's most) per request.
+// delete deletes keys, a thousand (S3's most) per request; one at a time
+// where the server refuses batches (some S3-compatible servers want a
+// Content-MD5 the SDK does not send).
 func (b *Bucket) delete(ctx context.Context, op string, keys ...string) error {
-	if len(keys) == 1 {
-		_, err := b.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &b.name, Key: &keys[0]})
+	ctx, cancel := context.WithTimeout(ctx, opTimeout*time.Duration(1+len(keys)/100))
+	defer cancel()
+	if len(keys) > 1 {
+		err := b.deleteBatches(ctx, op, keys)
+		if err == nil {
+			return nil
+		}
+		if class, _ := Diagnose(err); class == "bucket access denied" || class == "bucket credentials refused" || ctx.Err() != nil {
+			return err
+		}
+	}
+	for _, key := range keys {
+		_, err := b.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &b.name, Key: &key})
 		b.metrics.request(op, err)
 		if err != nil && !isNotFound(err) {
-			return b.wrap("deleting", keys[0], err)
+			return b.wrap("deleting", key, err)
 		}
-		return nil
 	}
+	return nil
+}
+
+func (b *Bucket) deleteBatches(ctx context.Context, op string, keys []string) error {
 	for batch := range slices.Chunk(keys, 1000) {
 		objs := make([]types.ObjectIdentifier, len(batch))
 		for i := range batch {

@@ -529,3 +529,95 @@ func TestSmallBlobUploadedWhole(t *testing.T) {
 		t.Errorf("upstream sent %d bytes, want %d", up.sent.Load(), len(blob))
 	}
 }
+
+// A replica takes over from one that uploaded corrupt parts and died. Its
+// own bytes for those parts, from an earlier attempt, are what it
+// uploads and assembles: the blob in the bucket verifies.
+func TestTakeoverAssemblesOnlyVerifiedBytes(t *testing.T) {
+	srv, bucket := testMinio(t)
+	cfg := Config{Bucket: bucket, LeaseTTL: time.Second}
+	aNet := &cuttable{}
+	a, b := newReplica(t, srv, "a", cfg, withHTTPClient(&http.Client{Transport: aNet})), newReplica(t, srv, "b", cfg)
+	blob, d := randomBlob(3*minPartSize+5, 9)
+	size := int64(len(blob))
+	bad := bytes.Clone(blob)
+	bad[10] ^= 1 // in part 0
+
+	// b's earlier attempt left the first two parts' true bytes on its disk.
+	pb, err := b.store.NewPartial(t.Context(), d, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.WriteAt(blob[:2*minPartSize], 0); err != nil {
+		t.Fatal(err)
+	}
+	pb.Abandon(errors.New("earlier attempt"))
+
+	pa, err := a.store.NewPartial(t.Context(), d, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	actx, kill := context.WithCancel(t.Context())
+	defer kill()
+	aDone := make(chan struct{})
+	go func() {
+		defer close(aDone)
+		a.b.Fetch(actx, pa, noConfirm, (&testUpstream{blob: bad, stopAt: 2 * minPartSize}).fetch(pa))
+	}()
+	waitFor(t, "replica a to upload two corrupt parts", func() bool {
+		l, err := a.b.readLease(t.Context(), d)
+		return err == nil && l.count() >= 2
+	})
+	aNet.cut.Store(true)
+
+	up := &testUpstream{blob: blob}
+	if _, err := fetchAndCommit(t.Context(), b, d, -1, up); err != nil { // size unknown, as without a manifest
+		t.Fatal(err)
+	}
+	waitFor(t, "the blob to be assembled", func() bool { _, err := b.b.StatBlob(t.Context(), d); return err == nil })
+	o, err := b.b.get(t.Context(), "test", b.b.blobKey(d), 0, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, _ := io.ReadAll(o.body)
+	o.body.Close()
+	if digest.FromBytes(whole) != d {
+		t.Fatal("the blob assembled in the bucket holds the dead replica's corrupt bytes")
+	}
+	kill()
+	<-aDone
+}
+
+// A blob in the bucket that does not verify is removed from it, and the
+// fetch says bytes from the bucket were in it (so the upstream is not
+// blamed, and the next attempt goes to the upstream).
+func TestCorruptBlobInBucketRemoved(t *testing.T) {
+	srv, bucket := testMinio(t)
+	r := newReplica(t, srv, "a", Config{Bucket: bucket})
+	blob, d := randomBlob(2<<20, 10)
+	bad := bytes.Clone(blob)
+	bad[len(bad)/2] ^= 1
+	if _, err := r.b.putBytes(t.Context(), "test", r.b.blobKey(d), bad, "", "", nil); err != nil {
+		t.Fatal(err)
+	}
+	p, err := r.store.NewPartial(t.Context(), d, int64(len(blob)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &testUpstream{blob: blob}
+	f, err := r.b.Fetch(t.Context(), p, noConfirm, up.fetch(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = p.Commit(t.Context())
+	f.Finish(t.Context(), err)
+	if !errors.Is(err, storage.ErrDigestMismatch) || !f.FromBucket() || f.Source != SourceBucket {
+		t.Fatalf("commit %v, from bucket %v, source %s: want a mismatch of bytes from the bucket", err, f.FromBucket(), f.Source)
+	}
+	if _, err := r.b.StatBlob(t.Context(), d); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("the corrupt blob is still in the bucket: %v", err)
+	}
+	if up.sent.Load() != 0 {
+		t.Errorf("the upstream was asked for %d bytes before the bucket's copy failed", up.sent.Load())
+	}
+}

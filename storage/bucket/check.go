@@ -16,20 +16,29 @@ import (
 // verifies what it fetched; nothing wrong is served, bytes are wasted).
 var ErrNoConditionalWrites = errors.New("the server ignores conditional writes (If-None-Match on PUT)")
 
-// Check writes a probe object twice with If-None-Match: *, then deletes
+// Check writes a probe object with If-None-Match: *, again (which must be
+// refused), over a wrong ETag with If-Match (refused too), then deletes
 // it: it fails when this replica may not write to the bucket, and returns
-// an error wrapping ErrNoConditionalWrites when the second write is not
-// refused.
+// an error wrapping ErrNoConditionalWrites when a condition is ignored.
 func (b *Bucket) Check(ctx context.Context) error {
 	key := b.prefix + "probe/" + b.id
 	if _, err := b.putBytes(ctx, "put_probe", key, []byte(b.id), "*", "", nil); err != nil && !errors.Is(err, errPrecondition) {
 		return err
 	}
 	_, err := b.putBytes(ctx, "put_probe", key, []byte(b.id), "*", "", nil)
+	if err == nil {
+		b.delete(ctx, "delete_probe", key)
+		return fmt.Errorf("bucket %s at %s: %w", b.name, b.where(), ErrNoConditionalWrites)
+	}
+	if !errors.Is(err, errPrecondition) {
+		return err
+	}
+	// And If-Match: a write over an ETag the object does not have.
+	_, err = b.putBytes(ctx, "put_probe", key, []byte(b.id), "", `"0123456789abcdef0123456789abcdef"`, nil)
 	derr := b.delete(ctx, "delete_probe", key)
 	switch {
 	case err == nil:
-		return fmt.Errorf("bucket %s at %s: %w", b.name, b.where(), ErrNoConditionalWrites)
+		return fmt.Errorf("bucket %s at %s: If-Match: %w", b.name, b.where(), ErrNoConditionalWrites)
 	case !errors.Is(err, errPrecondition):
 		return err
 	}
@@ -55,6 +64,8 @@ func Diagnose(err error) (class, fix string) {
 		return "no conditional writes", "use an S3 server that honours If-None-Match and If-Match on PUT (AWS S3, a recent MinIO or Ceph RGW): without them replicas may fetch a blob more than once"
 	case code == "NoSuchBucket" || code == "NotFound" && status == http.StatusNotFound:
 		return "bucket missing", "create the bucket, or fix storage.bucket, storage.region and storage.endpoint"
+	case status >= 500:
+		return "bucket error", "the S3 server failed (" + http.StatusText(status) + "): see its logs; replicas fetch alone meanwhile"
 	case code == "InvalidAccessKeyId" || code == "SignatureDoesNotMatch" || code == "ExpiredToken" || code == "InvalidToken":
 		return "bucket credentials refused", "give valid credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, IRSA, an instance role)"
 	case code == "AccessDenied" || code == "Forbidden" || status == http.StatusForbidden:

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,7 +55,15 @@ type Fetch struct {
 	h      *holding  // the lease, while this replica uploads
 	up     *uploader // the upload of the parts, while this replica holds the lease
 	small  Download  // a small blob fetched without a lease, to upload whole
+	// fromBucket: bytes read from the bucket went into the download, so a
+	// digest mismatch may be theirs rather than the upstream's.
+	fromBucket bool
 }
+
+// FromBucket reports whether bytes of the download came from the bucket:
+// when it then fails verification, they, not the upstream, may be to
+// blame, and the download is to be made again without the bucket.
+func (f *Fetch) FromBucket() bool { return f != nil && f.fromBucket }
 
 // smallBlob is the size under which a blob is fetched without a lease and
 // uploaded whole once verified: two replicas fetching one at once waste
@@ -75,10 +85,11 @@ const smallBlob = 1 << 20
 // fetched for some repository, maybe not the one dl is for. Once Fetch
 // returns, dl's owner commits it and tells the result to Finish.
 //
-// When the bucket cannot be used (unreachable, refusing), fetch runs
-// alone: the replica works on, without sharing this blob.
+// Whenever the bucket fails (unreachable, refusing, a part missing), fetch
+// runs alone from what dl holds: the replica works on without sharing.
 func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Context) error, fetch func(context.Context) error) (*Fetch, error) {
 	d := dl.Digest()
+	f := &Fetch{Source: SourceUpstream, b: b, d: d}
 	confirmed := false
 	check := func() error {
 		if confirmed {
@@ -87,39 +98,41 @@ func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Co
 		if err := confirm(ctx); err != nil {
 			return err
 		}
-		confirmed = true
+		confirmed, f.fromBucket = true, true // bytes from the bucket follow
 		return nil
 	}
-	alone := func(err error) (*Fetch, error) {
-		b.log.Warn("the shared bucket cannot be used for this blob: fetching it from the upstream without sharing it",
-			"digest", d, "err", err, "fix", "check the bucket's endpoint, credentials and permissions (pullproxy doctor)")
+	alone := func(reason error) (*Fetch, error) {
+		class, fix := Diagnose(reason)
+		b.log.Warn("the shared bucket failed for this blob: fetching it from the upstream without sharing it",
+			"digest", d, "class", class, "err", reason, "fix", fix)
 		b.metrics.blobs.WithLabelValues(string(SourceUpstream)).Inc()
-		return &Fetch{Source: SourceUpstream, b: b, d: d}, fetch(ctx)
+		return f, fetch(ctx)
 	}
 
 	// From scratch, or over a lease found released or expired.
 	from, ifMatch := lease{Size: dl.Size()}, ""
 	for attempt := 0; ; attempt++ {
 		if attempt == 100 {
-			return nil, fmt.Errorf("fetching %s through the bucket: the lease changed hands 100 times", d)
+			return alone(fmt.Errorf("%w: the lease of %s changed hands 100 times", errUnusable, d))
 		}
 		found, err := b.fromBlob(ctx, dl, check)
-		if found {
+		switch {
+		case found && err == nil:
+			f.Source = SourceBucket
 			b.metrics.blobs.WithLabelValues(string(SourceBucket)).Inc()
-			return &Fetch{Source: SourceBucket, b: b, d: d}, nil
-		}
-		if errors.Is(err, errUnusable) {
+			return f, nil
+		case errors.Is(err, errUnusable):
 			return alone(err)
-		}
-		if err != nil {
+		case err != nil:
 			return nil, err
 		}
 		if size := dl.Size(); attempt == 0 && size >= 0 && size < smallBlob {
 			if err := fetch(ctx); err != nil {
 				return nil, err
 			}
+			f.small = dl
 			b.metrics.blobs.WithLabelValues(string(SourceUpstream)).Inc()
-			return &Fetch{Source: SourceUpstream, b: b, d: d, small: dl}, nil
+			return f, nil
 		}
 		if from.PartSize == 0 && from.Size >= 0 {
 			from.PartSize = b.partSizeFor(from.Size)
@@ -131,7 +144,7 @@ func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Co
 				b.log.Info("took over a blob download from another replica", "digest", d,
 					"parts_uploaded", from.count(), "previous_holder", from.Holder)
 			}
-			return b.hold(ctx, dl, h, check, fetch)
+			return b.hold(ctx, f, dl, h, check, fetch)
 		}
 		if !errors.Is(err, errPrecondition) {
 			return alone(err)
@@ -151,12 +164,15 @@ func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Co
 			return nil, err
 		}
 		done, next, err := b.follow(ctx, dl, cur)
-		if err != nil {
+		switch {
+		case errors.Is(err, errUnusable):
+			return alone(err)
+		case err != nil:
 			return nil, err
-		}
-		if done {
+		case done:
+			f.Source = SourceFollowed
 			b.metrics.blobs.WithLabelValues(string(SourceFollowed)).Inc()
-			return &Fetch{Source: SourceFollowed, b: b, d: d}, nil
+			return f, nil
 		}
 		from, ifMatch = next.lease, next.etag
 		if next.etag == "" {
@@ -167,17 +183,31 @@ func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Co
 
 // hold runs the download with the lease held: the parts already in the
 // bucket first (a download taken over), then the upstream for the rest,
-// while the uploader sends dl's bytes to the bucket.
-func (b *Bucket) hold(ctx context.Context, dl Download, h *holding, check func() error, fetch func(context.Context) error) (*Fetch, error) {
-	d := dl.Digest()
+// while the uploader sends dl's bytes to the bucket, all of them: parts
+// other replicas uploaded are replaced by this replica's own bytes, which
+// its commit verifies, so the blob assembled is only ever bytes verified.
+func (b *Bucket) hold(ctx context.Context, f *Fetch, dl Download, h *holding, check func() error, fetch func(context.Context) error) (*Fetch, error) {
 	if l := h.current(); l.count() > 0 {
-		err := check()
-		if err == nil {
-			err = b.fillFromParts(ctx, dl, l)
-		}
-		if err != nil {
+		if err := check(); err != nil {
 			h.release(ctx)
 			return nil, err
+		}
+		if l.Size >= 0 && dl.Size() != l.Size {
+			if err := dl.SetSize(l.Size); err != nil {
+				h.release(ctx)
+				return nil, fmt.Errorf("taking over the download of %s: %w", f.d, err)
+			}
+		}
+		for i := range l.numParts() {
+			if !l.uploaded(i) {
+				continue
+			}
+			if err := b.fillPart(ctx, dl, l, i); err != nil {
+				// The upstream brings those bytes instead; followers
+				// stop looking for the part until it is uploaded again.
+				b.log.Warn("reading a part another replica uploaded: fetching its bytes from the upstream", "digest", f.d, "part", i, "err", err)
+				h.update(func(l *lease) { l.clearUploaded(i) })
+			}
 		}
 	}
 	up := b.upload(ctx, dl, h)
@@ -186,31 +216,44 @@ func (b *Bucket) hold(ctx context.Context, dl Download, h *holding, check func()
 		h.release(ctx)
 		return nil, err
 	}
+	f.h, f.up = h, up
 	b.metrics.blobs.WithLabelValues(string(SourceUpstream)).Inc()
-	return &Fetch{Source: SourceUpstream, b: b, d: d, h: h, up: up}, nil
+	return f, nil
 }
 
 // Finish ends the fetch once dl's owner has committed it (committed nil)
 // or failed to. A blob this replica fetched and verified is assembled in
-// the bucket from its parts, and the lease and parts removed; when the
-// bytes were wrong the parts are removed too; else the lease is released
-// and the parts kept for whoever comes next.
+// the bucket from its parts, and the lease and parts removed. When the
+// bytes were wrong, what they came from is removed: the parts of this
+// replica's upload, or the blob in the bucket it read. Else the lease is
+// released and the parts kept for whoever comes next.
 func (f *Fetch) Finish(ctx context.Context, committed error) {
-	if f != nil && f.small != nil && committed == nil {
-		f.b.putSmall(ctx, f.small)
-	}
-	if f == nil || f.h == nil {
+	if f == nil {
 		return
 	}
-	b, h := f.b, f.h
+	b := f.b
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+	defer cancel()
+	mismatch := errors.Is(committed, storage.ErrDigestMismatch) || errors.Is(committed, storage.ErrSizeMismatch)
+	switch {
+	case f.small != nil && committed == nil:
+		b.putSmall(ctx, f.small)
+	case f.Source == SourceBucket && mismatch && !errors.Is(committed, storage.ErrChangedOnDisk):
+		b.log.Warn("a blob in the shared bucket failed verification: removed from the bucket", "digest", f.d, "err", committed)
+		b.delete(ctx, "delete_blob", b.blobKey(f.d))
+	}
+	h := f.h
+	if h == nil {
+		return
+	}
 	switch {
 	case committed == nil:
 		err := f.up.wait()
 		if err == nil {
-			err = h.lostErr()
+			err = h.valid()
 		}
 		if err == nil {
-			err = b.compose(ctx, f.d, h.current(), h.inherited)
+			err = b.compose(ctx, f.d, h, h.current(), h.inherited)
 		}
 		if err != nil {
 			b.log.Warn("the blob is stored here but not in the shared bucket: another replica will finish its upload",
@@ -219,11 +262,11 @@ func (f *Fetch) Finish(ctx context.Context, committed error) {
 			return
 		}
 		h.stop()
-		b.removeUpload(ctx, f.d, h.current())
-	case errors.Is(committed, storage.ErrDigestMismatch) || errors.Is(committed, storage.ErrSizeMismatch):
+		b.removeUpload(ctx, f.d, h)
+	case mismatch:
 		f.up.stop()
 		h.stop()
-		b.removeUpload(ctx, f.d, h.current())
+		b.removeUpload(ctx, f.d, h)
 	default:
 		f.up.stop()
 		h.release(ctx)
@@ -246,14 +289,24 @@ func (b *Bucket) putSmall(ctx context.Context, dl Download) {
 	}
 }
 
-// removeUpload deletes a blob's parts and lease.
-func (b *Bucket) removeUpload(ctx context.Context, d digest.Digest, l lease) {
+// removeUpload deletes a blob's lease, then its parts, while the lease is
+// still this replica's: a follower then finds the blob whole, or nothing
+// to follow, never a lease naming parts that are gone.
+func (b *Bucket) removeUpload(ctx context.Context, d digest.Digest, h *holding) {
+	if err := h.valid(); err != nil {
+		b.log.Info("not removing an upload: its lease lapsed, another replica may hold it", "digest", d, "err", err)
+		return
+	}
+	l := h.current()
 	keys := make([]string, 0, l.numParts()+1)
 	for i := range max(l.numParts(), len(l.Uploaded)) {
 		keys = append(keys, b.partKey(d, i))
 	}
-	keys = append(keys, b.leaseKey(d))
-	if err := b.delete(ctx, "delete_upload", keys...); err != nil {
+	err := b.delete(ctx, "delete_upload", b.leaseKey(d))
+	if err == nil {
+		err = b.delete(ctx, "delete_upload", keys...)
+	}
+	if err != nil {
 		b.log.Warn("removing an upload's parts: the janitor removes them later", "digest", d, "err", err)
 	}
 }
@@ -263,13 +316,24 @@ func (b *Bucket) removeUpload(ctx context.Context, d digest.Digest, l lease) {
 // completed in the bucket and read from there), or the lease to take
 // over: one released, expired (its ETag unchanged for LeaseTTL by this
 // replica's clock), or none (etag "") when it was deleted before the
-// blob was complete.
+// blob was complete. Errors of the bucket wrap errUnusable.
 func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, next held, err error) {
 	d := dl.Digest()
 	seen, seenAt := cur.etag, time.Now()
 	ttl := b.cfg.LeaseTTL
 	tick := time.NewTicker(b.poll)
 	defer tick.Stop()
+	failing := time.Time{} // since when reading the bucket fails
+	failed := func(err error) error {
+		if failing.IsZero() {
+			failing = time.Now()
+		}
+		if time.Since(failing) > ttl {
+			return fmt.Errorf("%w: following %s: %w", errUnusable, d, err)
+		}
+		b.log.Warn("following a blob another replica is fetching", "digest", d, "err", err)
+		return nil
+	}
 	for {
 		l := cur.lease
 		if l.Size >= 0 && l.PartSize > 0 {
@@ -278,9 +342,27 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 					return false, held{}, fmt.Errorf("following %s in the bucket: %w", d, err)
 				}
 			}
-			// Parts already read are skipped without a request.
-			if err := b.fillFromParts(ctx, dl, l); err != nil && !errors.Is(err, storage.ErrNotFound) {
-				return false, held{}, err // not found: completed and removed meanwhile, as the lease says next
+			// Parts already read are skipped without a request; a part
+			// not found was removed with its upload, as the lease says
+			// next.
+			ok := true
+			for i := range l.numParts() {
+				if !l.uploaded(i) {
+					continue
+				}
+				if err := b.fillPart(ctx, dl, l, i); err != nil && !errors.Is(err, storage.ErrNotFound) {
+					if ctx.Err() != nil {
+						return false, held{}, ctx.Err()
+					}
+					if err := failed(err); err != nil {
+						return false, held{}, err
+					}
+					ok = false
+					break
+				}
+			}
+			if ok {
+				failing = time.Time{}
 			}
 			if start, end := dl.Missing(0); start == end {
 				return true, held{}, nil
@@ -298,12 +380,14 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 		switch {
 		case errors.Is(err, storage.ErrNotFound):
 			found, err := b.fromBlob(ctx, dl, func() error { return nil })
-			if err != nil && !errors.Is(err, errUnusable) {
+			if err != nil {
 				return false, held{}, err
 			}
 			return found, held{}, nil // not found: given up without completing; start over
 		case err != nil:
-			b.log.Warn("reading the lease of a blob another replica is fetching", "digest", d, "err", err)
+			if err := failed(err); err != nil {
+				return false, held{}, err
+			}
 		case nl.etag != seen:
 			cur, seen, seenAt = nl, nl.etag, time.Now()
 			continue
@@ -316,7 +400,7 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 	}
 }
 
-// errUnusable: the bucket could not be asked (unreachable, refusing).
+// errUnusable: the bucket could not be used (unreachable, refusing, cut).
 var errUnusable = errors.New("bucket unusable")
 
 // fromBlob fills dl from the whole blob in the bucket, and reports whether
@@ -331,7 +415,9 @@ func (b *Bucket) fromBlob(ctx context.Context, dl Download, check func() error) 
 		start, _ = dl.Missing(0)
 		start = min(start, max(dl.Size()-1, 0)) // one byte at least: the GET is what says the blob is there
 	}
-	o, err := b.get(ctx, "get_blob", key, start, -1)
+	rctx, w := b.watch(ctx)
+	defer w.Stop()
+	o, err := b.get(rctx, "get_blob", key, start, -1)
 	switch {
 	case errors.Is(err, storage.ErrNotFound):
 		return false, nil
@@ -348,29 +434,23 @@ func (b *Bucket) fromBlob(ctx context.Context, dl Download, check func() error) 
 		}
 	}
 	buf := copyBuffers.Get().(*[]byte)
-	n, err := copyBody(dl, o.body, key, start, o.size, *buf)
+	n, err := copyBody(dl, o.body, key, start, o.size, *buf, w)
 	copyBuffers.Put(buf)
 	if err == nil {
 		return true, nil
 	}
 	// Cut short: the rest in ranged GETs, resumed where each stops.
 	b.log.Warn("reading from the bucket: resuming", "key", key, "at", start+n, "err", err)
-	return true, b.fill(ctx, dl, key, 0, start+n, o.total)
+	if err := b.fill(ctx, dl, key, 0, start+n, o.total); err != nil {
+		return false, fmt.Errorf("%w: %w", errUnusable, err)
+	}
+	return true, nil
 }
 
-// fillFromParts writes what dl lacks of the parts l counts as uploaded,
-// in order: the blob's clients read from its start.
-func (b *Bucket) fillFromParts(ctx context.Context, dl Download, l lease) error {
-	for i := range l.numParts() {
-		if !l.uploaded(i) {
-			continue
-		}
-		start, end := l.part(i)
-		if err := b.fill(ctx, dl, b.partKey(dl.Digest(), i), start, start, end); err != nil {
-			return err
-		}
-	}
-	return nil
+// fillPart writes what dl lacks of part i of l.
+func (b *Bucket) fillPart(ctx context.Context, dl Download, l lease, i int) error {
+	start, end := l.part(i)
+	return b.fill(ctx, dl, b.partKey(dl.Digest(), i), start, start, end)
 }
 
 // fill writes the ranges of [from, to) that dl lacks, read from key, an
@@ -410,20 +490,35 @@ func (b *Bucket) fill(ctx context.Context, dl Download, key string, base, from, 
 // copyRange copies [start, end) of the blob from key into dl, and returns
 // how many bytes it wrote.
 func (b *Bucket) copyRange(ctx context.Context, dl Download, key string, base, start, end int64, buf []byte) (int64, error) {
-	o, err := b.get(ctx, "get_blob", key, start-base, end-start)
+	rctx, w := b.watch(ctx)
+	defer w.Stop()
+	o, err := b.get(rctx, "get_blob", key, start-base, end-start)
 	if err != nil {
 		return 0, err
 	}
 	defer o.body.Close()
-	return copyBody(dl, o.body, key, start, end-start, buf)
+	return copyBody(dl, o.body, key, start, end-start, buf, w)
 }
 
-// copyBody copies n bytes of body into dl at off, through buf.
-func copyBody(dl Download, body io.Reader, key string, off, n int64, buf []byte) (int64, error) {
+// readStall is how long a read from the bucket may bring no byte before
+// it is abandoned (and resumed, or the upstream asked instead).
+const readStall = 30 * time.Second
+
+// watch returns a context that ends when the timer it comes with fires:
+// reset at every read, it abandons a read that stalls.
+func (b *Bucket) watch(ctx context.Context) (context.Context, *time.Timer) {
+	ctx, cancel := context.WithCancel(ctx)
+	return ctx, time.AfterFunc(readStall, cancel)
+}
+
+// copyBody copies n bytes of body into dl at off, through buf, resetting
+// the stall timer at every read.
+func copyBody(dl Download, body io.Reader, key string, off, n int64, buf []byte, stall *time.Timer) (int64, error) {
 	var done int64
 	for done < n {
 		k, rerr := io.ReadFull(body, buf[:min(int64(len(buf)), n-done)])
 		if k > 0 {
+			stall.Reset(readStall)
 			if _, err := dl.WriteAt(buf[:k], off+done); err != nil {
 				return done, fmt.Errorf("writing %s at %d: %w", dl.Digest(), off+done, err)
 			}
@@ -445,18 +540,27 @@ type uploader struct {
 	err    error
 }
 
-// upload starts uploading dl's parts from the first the lease does not
-// count as uploaded. Each part goes up once the download holds all its
-// bytes; the last once the download is verified.
+// upload starts uploading every part of dl, each as soon as the download
+// holds all of it.
 func (b *Bucket) upload(ctx context.Context, dl Download, h *holding) *uploader {
 	ctx, cancel := context.WithCancel(ctx)
 	u := &uploader{cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(u.done)
 		u.err = b.uploadParts(ctx, dl, h)
+		if u.err != nil && ctx.Err() == nil {
+			// Others take over at once rather than wait on a holder
+			// that uploads nothing more.
+			b.log.Warn("uploading a blob's parts to the shared bucket: released its lease", "digest", dl.Digest(), "err", u.err)
+			h.release(ctx)
+		}
 	}()
 	return u
 }
+
+// partTries is how many times a part's upload is tried, with a pause
+// doubling from a second between tries, besides the SDK's own retries.
+const partTries = 4
 
 func (b *Bucket) uploadParts(ctx context.Context, dl Download, h *holding) error {
 	d := dl.Digest()
@@ -484,34 +588,24 @@ func (b *Bucket) uploadParts(ctx context.Context, dl Download, h *holding) error
 		err  error
 	}
 	results := make(chan result, uploadsAtOnce)
+	mine := make([]bool, n) // parts this replica uploaded
+	left := n
 	busy := map[int]bool{}
+	lost := h.Lost()
 	var failed error
 	for {
-		l := h.current()
-		left := 0
-		for i := range n {
-			if l.uploaded(i) {
-				continue
-			}
-			left++
-			if busy[i] || len(busy) == uploadsAtOnce || failed != nil {
-				continue
-			}
-			start, end := l.part(i)
-			if s, _ := dl.Missing(start); s < end {
-				continue
-			}
-			busy[i] = true
-			go func() {
-				began := time.Now()
-				_, err := b.put(ctx, "put_part", b.partKey(d, i), io.NewSectionReader(f, start, end-start), end-start, "", "", nil)
-				if err == nil {
-					h.update(func(l *lease) { l.setUploaded(i) })
-					b.log.Debug("uploaded a part to the shared bucket", "digest", d, "part", i, "bytes", end-start,
-						"duration", time.Since(began).Round(time.Millisecond))
+		if failed == nil {
+			for i := range n {
+				if mine[i] || busy[i] || len(busy) == uploadsAtOnce {
+					continue
 				}
-				results <- result{i, err}
-			}()
+				start, end := l.part(i)
+				if s, _ := dl.Missing(start); s < end {
+					continue
+				}
+				busy[i] = true
+				go func() { results <- result{i, b.putPart(ctx, h, f, i, start, end)} }()
+			}
 		}
 		switch {
 		case len(busy) > 0:
@@ -523,13 +617,19 @@ func (b *Bucket) uploadParts(ctx context.Context, dl Download, h *holding) error
 		select {
 		case r := <-results:
 			delete(busy, r.part)
-			if r.err != nil && failed == nil {
-				failed = fmt.Errorf("uploading %s part %d: %w", d, r.part, r.err)
+			switch {
+			case r.err != nil && failed == nil:
+				failed = r.err
+			case r.err == nil:
+				mine[r.part] = true
+				left--
+				h.update(func(l *lease) { l.setUploaded(r.part) })
 			}
 		case <-time.After(50 * time.Millisecond): // the download may hold more whole parts
-		case <-h.Lost():
+		case <-lost:
+			lost = nil
 			if failed == nil {
-				failed = h.lostErr()
+				failed = h.valid()
 			}
 		case <-ctx.Done():
 			if failed == nil {
@@ -539,8 +639,37 @@ func (b *Bucket) uploadParts(ctx context.Context, dl Download, h *holding) error
 	}
 }
 
-// uploadsAtOnce bounds the parts of one blob uploading at once.
-const uploadsAtOnce = 4
+// putPart uploads part i, [start, end) of f, while the lease is this
+// replica's: each try ends when the lease would lapse.
+func (b *Bucket) putPart(ctx context.Context, h *holding, f *os.File, i int, start, end int64) error {
+	d := h.d
+	var err error
+	for try := range partTries {
+		if try > 0 {
+			select {
+			case <-time.After(time.Second << (try - 1)):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if err = h.valid(); err != nil {
+			return err
+		}
+		began := time.Now()
+		pctx, cancel := context.WithDeadline(ctx, h.validUntil())
+		_, err = b.put(pctx, "put_part", b.partKey(d, i), io.NewSectionReader(f, start, end-start), end-start, "", "", nil)
+		cancel()
+		if err == nil {
+			b.log.Debug("uploaded a part to the shared bucket", "digest", d, "part", i, "bytes", end-start,
+				"duration", time.Since(began).Round(time.Millisecond))
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("uploading %s part %d: %w", d, i, err)
+}
 
 func (u *uploader) stop() {
 	u.cancel()
@@ -552,13 +681,19 @@ func (u *uploader) wait() error {
 	return u.err
 }
 
+// uploadsAtOnce bounds the parts of one blob uploading at once.
+const uploadsAtOnce = 4
+
 // compose assembles the blob in the bucket from its parts, server-side: a
 // copy for one part, else a multipart upload of part copies. Replicas read
 // the whole blob from then on.
-func (b *Bucket) compose(ctx context.Context, d digest.Digest, l lease, inherited bool) error {
+func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lease, inherited bool) error {
 	dst := b.blobKey(d)
 	n := l.numParts()
-	src := func(i int) *string { return aws.String(b.name + "/" + b.partKey(d, i)) }
+	src := func(i int) *string { return aws.String(copySource(b.name, b.partKey(d, i))) }
+	// Until the lease would lapse: then another replica may assemble.
+	ctx, cancel := context.WithDeadline(ctx, h.validUntil())
+	defer cancel()
 	if n == 1 {
 		_, err := b.client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &b.name, Key: &dst, CopySource: src(0)})
 		b.metrics.request("copy_blob", err)
@@ -617,4 +752,14 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, l lease, inherite
 		return fmt.Errorf("assembling %s in the bucket: %d bytes, want %d: %w", d, size, l.Size, storage.ErrSizeMismatch)
 	}
 	return nil
+}
+
+// copySource is a CopySource header's value: bucket and key, URL-encoded
+// a path segment at a time.
+func copySource(bucket, key string) string {
+	segs := strings.Split(bucket+"/"+key, "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return strings.Join(segs, "/")
 }

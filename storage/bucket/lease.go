@@ -51,6 +51,15 @@ func (l *lease) setUploaded(i int) {
 	l.Uploaded = string(b)
 }
 
+// clearUploaded marks part i as not in the bucket.
+func (l *lease) clearUploaded(i int) {
+	if i < len(l.Uploaded) {
+		b := []byte(l.Uploaded)
+		b[i] = '0'
+		l.Uploaded = string(b)
+	}
+}
+
 // count returns how many parts are in the bucket.
 func (l lease) count() int { return strings.Count(l.Uploaded, "1") }
 
@@ -113,6 +122,14 @@ func (b *Bucket) writeLease(ctx context.Context, d digest.Digest, l lease, ifMat
 }
 
 // holding is a lease this replica holds, kept alive by keep until release.
+//
+// It is this replica's only while valid: until a lease_ttl after the last
+// write that succeeded was sent, less a third of it for margin. A follower
+// takes a lease over once it has seen it unchanged for lease_ttl, which
+// starts no earlier than that write was sent; so a holder that checks
+// valid before each write of its own (a part, the assembly, a deletion)
+// never acts after another replica took over, whatever the network did
+// to its renewals.
 type holding struct {
 	b         *Bucket
 	d         digest.Digest
@@ -120,14 +137,15 @@ type holding struct {
 	cancel    context.CancelFunc
 	done      chan struct{} // closed when keep returns
 
-	mu      sync.Mutex
-	state   lease
-	etag    string
-	dirty   bool          // state changed since last written
-	wake    chan struct{} // a change to write at once; capacity 1
-	lost    error         // set when the lease is no longer this replica's
-	lostCh  chan struct{} // closed when lost is set
-	written time.Time     // last successful write
+	mu       sync.Mutex
+	state    lease
+	etag     string
+	dirty    bool          // state changed since last written
+	wake     chan struct{} // a change to write at once; capacity 1
+	lost     error         // set when the lease is no longer this replica's
+	lostCh   chan struct{} // closed when lost is set
+	sent     time.Time     // when the last write that succeeded was sent
+	released bool
 }
 
 // take tries to create d's lease (ifMatch "") or to take over the one
@@ -137,13 +155,14 @@ func (b *Bucket) take(ctx context.Context, d digest.Digest, from lease, ifMatch 
 	l := from
 	l.Holder = b.id
 	l.Writes++
+	sent := time.Now()
 	etag, err := b.writeLease(ctx, d, l, ifMatch)
 	if err != nil {
 		return nil, err
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	h := &holding{b: b, d: d, inherited: ifMatch != "", cancel: cancel, done: make(chan struct{}), state: l, etag: etag,
-		wake: make(chan struct{}, 1), lostCh: make(chan struct{}), written: time.Now()}
+		wake: make(chan struct{}, 1), lostCh: make(chan struct{}), sent: sent}
 	go h.keep(kctx)
 	return h, nil
 }
@@ -167,19 +186,43 @@ func (h *holding) current() lease {
 	return h.state
 }
 
-// Lost returns a channel closed once the lease is no longer this
-// replica's, and why.
+// Lost returns a channel closed once the lease is known lost.
 func (h *holding) Lost() <-chan struct{} { return h.lostCh }
 
-func (h *holding) lostErr() error {
+// validUntil is when the lease stops being this replica's unless renewed.
+func (h *holding) validUntil() time.Time {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.lost
+	ttl := h.b.cfg.LeaseTTL
+	return h.sent.Add(ttl - ttl/3)
+}
+
+// valid returns nil while the lease is this replica's, else why not.
+func (h *holding) valid() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.lost != nil {
+		return h.lost
+	}
+	ttl := h.b.cfg.LeaseTTL
+	if until := h.sent.Add(ttl - ttl/3); time.Now().After(until) {
+		return fmt.Errorf("lease of %s not renewed since %s: another replica may hold it", h.d, h.sent.Format(time.RFC3339))
+	}
+	return nil
+}
+
+// loseLocked records the lease as lost. Called with mu held.
+func (h *holding) loseLocked(err error) {
+	if h.lost == nil {
+		h.lost = fmt.Errorf("lease of %s lost: %w", h.d, err)
+		close(h.lostCh)
+	}
 }
 
 // keep renews the lease until cancelled, and writes updates as they come.
 // Each write is conditional on the last one: a write refused means another
-// replica took the lease over (this one was too slow to renew it).
+// replica took the lease over. Each is bounded by a third of the TTL, so a
+// slow bucket makes the lease lapse here before it can be taken over there.
 func (h *holding) keep(ctx context.Context) {
 	defer close(h.done)
 	ttl := h.b.cfg.LeaseTTL
@@ -198,19 +241,21 @@ func (h *holding) keep(ctx context.Context) {
 		h.dirty = false
 		h.mu.Unlock()
 
-		newEtag, err := h.b.writeLease(ctx, h.d, l, etag)
+		sent := time.Now()
+		wctx, cancel := context.WithTimeout(ctx, ttl/3)
+		newEtag, err := h.b.writeLease(wctx, h.d, l, etag)
+		cancel()
 		if ctx.Err() != nil {
 			return
 		}
 		h.mu.Lock()
 		switch {
 		case err == nil:
-			h.etag, h.state.Writes, h.written = newEtag, l.Writes, time.Now()
-		case errors.Is(err, errPrecondition) || errors.Is(err, storage.ErrNotFound) || time.Since(h.written) > ttl:
+			h.etag, h.state.Writes, h.sent = newEtag, l.Writes, sent
+		case errors.Is(err, errPrecondition) || errors.Is(err, storage.ErrNotFound) || time.Since(h.sent) > ttl-ttl/3:
 			// Taken over, or not renewed in time: another replica may
 			// hold it now.
-			h.lost = fmt.Errorf("lease of %s lost: %w", h.d, err)
-			close(h.lostCh)
+			h.loseLocked(err)
 			h.mu.Unlock()
 			h.b.log.Warn("lost the lease of a blob download: another replica finishes its upload", "digest", h.d, "err", err)
 			return
@@ -235,18 +280,20 @@ func (h *holding) stop() {
 }
 
 // release stops renewing the lease and marks it released, unless it was
-// lost: the next replica asking for the blob takes it at once (no wait
-// for it to expire) and resumes from the parts it counts as uploaded.
+// lost or released already: the next replica asking for the blob takes it
+// at once (no wait for it to expire) and resumes from the parts it counts
+// as uploaded.
 func (h *holding) release(ctx context.Context) {
 	h.stop()
-	if h.lostErr() != nil {
+	h.mu.Lock()
+	l, etag, done := h.state, h.etag, h.released || h.lost != nil
+	h.released = true
+	h.mu.Unlock()
+	if done || h.valid() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	h.mu.Lock()
-	l, etag := h.state, h.etag
-	h.mu.Unlock()
 	l.Holder = ""
 	l.Writes++
 	if _, err := h.b.writeLease(ctx, h.d, l, etag); err != nil {
