@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"os"
 	"testing"
 	"time"
 
@@ -23,21 +22,8 @@ import (
 // upstream is not blamed, and the client's next request gets the blob,
 // fetched again from the upstream.
 func TestSharedBlobFailingVerificationFetchedAgain(t *testing.T) {
-	if ok, why := miniotest.Available(); !ok {
-		if os.Getenv("PULLPROXY_REQUIRE_TOOLS") == "1" {
-			t.Fatal(why)
-		}
-		t.Skipf("skipping: %s (set PULLPROXY_REQUIRE_TOOLS=1 to make this an error)", why)
-	}
-	srv, err := miniotest.Start(t.Context(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
 	const name = "layers"
-	if err := srv.CreateBucket(t.Context(), name); err != nil {
-		t.Fatal(err)
-	}
+	srv := miniotest.ForTest(t, name)
 	b, err := bucket.Open(t.Context(), bucket.Config{Bucket: name, Endpoint: srv.Endpoint, PathStyle: true},
 		bucket.WithCredentials(srv.Credentials()), bucket.WithLogger(testLog(t)))
 	if err != nil {

@@ -269,16 +269,7 @@ func TestDoctorECRWrongRegion(t *testing.T) {
 // TestDoctorBucket: with storage type s3, doctor checks the bucket, and
 // names what is wrong with it.
 func TestDoctorBucket(t *testing.T) {
-	ok, why := miniotest.Available()
-	requireTool(t, ok, why)
-	srv, err := miniotest.Start(t.Context(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
-	if err := srv.CreateBucket(t.Context(), "layers"); err != nil {
-		t.Fatal(err)
-	}
+	srv := miniotest.ForTest(t, "layers")
 	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
 	t.Setenv("AWS_CONFIG_FILE", os.DevNull)
 	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", os.DevNull)

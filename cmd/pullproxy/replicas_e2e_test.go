@@ -127,22 +127,12 @@ func getBlobChecked(url string, d digest.Digest) error {
 //     parts uploaded and B waits on it: B takes the lease over once it
 //     expires, finishes the layer from the parts uploaded, and serves it.
 func TestReplicasShareABucket(t *testing.T) {
-	ok, why := miniotest.Available()
-	requireTool(t, ok, why)
-	ok, why = containerdtest.Available()
+	ok, why := containerdtest.Available()
 	requireTool(t, ok, why)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
 	defer cancel()
-
-	srv, err := miniotest.Start(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
 	const bucket = "pullproxy"
-	if err := srv.CreateBucket(ctx, bucket); err != nil {
-		t.Fatal(err)
-	}
+	srv := miniotest.ForTest(t, bucket)
 	up := &upstreamLog{n: map[string]int{}}
 	reg := startRegistry(t, registrytest.WithHandlerWrapper(func(h http.Handler) http.Handler { up.next = h; return up }))
 	path, err := carrier.Start(carrier.Config{Target: reg.Host(), CutProb: 0.6, CutMin: 1_300_000, CutMax: 3_100_000,

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -32,6 +33,28 @@ func Available() (bool, string) {
 		return false, "minio is not installed (make deps builds it: go install github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c)"
 	}
 	return true, ""
+}
+
+// ForTest starts a server for t with an empty bucket of the given name,
+// stopped when t ends. Without minio installed, t is skipped, or fails
+// when PULLPROXY_REQUIRE_TOOLS=1 (as in CI), where a skip would hide a gap.
+func ForTest(t testing.TB, bucket string) *Server {
+	t.Helper()
+	if ok, why := Available(); !ok {
+		if os.Getenv("PULLPROXY_REQUIRE_TOOLS") == "1" {
+			t.Fatalf("required tool missing: %s", why)
+		}
+		t.Skipf("skipping: %s (set PULLPROXY_REQUIRE_TOOLS=1 to make this an error)", why)
+	}
+	s, err := Start(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Stop() })
+	if err := s.CreateBucket(t.Context(), bucket); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // Server is a MinIO server on a loopback port.

@@ -23,25 +23,9 @@ import (
 	"github.com/pullproxy/pullproxy/storage"
 )
 
-// testMinio starts MinIO with a fresh bucket, or skips when it is not
-// installed (fails under PULLPROXY_REQUIRE_TOOLS=1).
+// testMinio starts MinIO with a fresh bucket.
 func testMinio(t *testing.T) (*miniotest.Server, string) {
-	t.Helper()
-	if ok, why := miniotest.Available(); !ok {
-		if os.Getenv("PULLPROXY_REQUIRE_TOOLS") == "1" {
-			t.Fatal(why)
-		}
-		t.Skipf("skipping: %s (set PULLPROXY_REQUIRE_TOOLS=1 to make this an error)", why)
-	}
-	srv, err := miniotest.Start(t.Context(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Stop() })
-	if err := srv.CreateBucket(t.Context(), "layers"); err != nil {
-		t.Fatal(err)
-	}
-	return srv, "layers"
+	return miniotest.ForTest(t, "layers"), "layers"
 }
 
 // testReplica is one replica's bucket handle and local store.
@@ -271,30 +255,11 @@ func TestFetchSharedOnce(t *testing.T) {
 func TestTakeoverResumesFromParts(t *testing.T) {
 	srv, bucket := testMinio(t)
 	cfg := Config{Bucket: bucket, LeaseTTL: time.Second}
-	aNet := &cuttable{}
-	a, b := newReplica(t, srv, "a", cfg, withHTTPClient(&http.Client{Transport: aNet})), newReplica(t, srv, "b", cfg)
+	b := newReplica(t, srv, "b", cfg)
 	blob, d := randomBlob(4*minPartSize+4321, 3)
 	size := int64(len(blob))
-
-	// Replica a: its download gets 2.5 parts in, uploads 2, then hangs
-	// and stops renewing its lease, as a killed process would.
-	dying := &testUpstream{blob: blob, stopAt: 2*minPartSize + minPartSize/2}
-	pa, err := a.store.NewPartial(t.Context(), d, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, kill := context.WithCancel(t.Context())
-	defer kill()
-	aDone := make(chan struct{})
-	go func() {
-		defer close(aDone)
-		a.b.Fetch(actx, pa, noConfirm, dying.fetch(pa))
-	}()
-	waitFor(t, "replica a to upload two parts", func() bool {
-		l, err := a.b.readLease(t.Context(), d)
-		return err == nil && l.count() >= 2
-	})
-	aNet.cut.Store(true) // a is gone: it renews nothing, writes nothing
+	// Its download gets 2.5 parts in: it uploads 2.
+	holderDies(t, srv, cfg, d, blob, 2*minPartSize+minPartSize/2)
 
 	up := &testUpstream{blob: blob}
 	src, err := fetchAndCommit(t.Context(), b, d, size, up)
@@ -310,20 +275,50 @@ func TestTakeoverResumesFromParts(t *testing.T) {
 	if !bytes.Equal(storedBlob(t, b, d), blob) {
 		t.Fatal("stored other bytes than the blob's")
 	}
-	if n, err := b.b.StatBlob(t.Context(), d); err != nil || n != size {
-		t.Fatalf("blob in the bucket: %d bytes, %v; want %d", n, err, size)
+	if digest.FromBytes(bucketBlob(t, b, d)) != d {
+		t.Fatal("the blob assembled in the bucket does not match its digest")
 	}
-	o, err := b.b.get(t.Context(), "test", b.b.blobKey(d), 0, -1)
+}
+
+// holderDies runs a replica that takes d's lease, fetches blob's bytes up
+// to stopAt (then hangs), uploads its whole parts, and, once two are up,
+// loses its network to the bucket, as a killed process would: it renews
+// nothing and writes nothing more. The cleanup ends it.
+func holderDies(t *testing.T, srv *miniotest.Server, cfg Config, d digest.Digest, blob []byte, stopAt int64) {
+	t.Helper()
+	net := &cuttable{}
+	a := newReplica(t, srv, "dying", cfg, withHTTPClient(&http.Client{Transport: net}))
+	p, err := a.store.NewPartial(t.Context(), d, int64(len(blob)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	whole, _ := io.ReadAll(o.body)
-	o.body.Close()
-	if digest.FromBytes(whole) != d {
-		t.Fatal("the blob assembled in the bucket does not match its digest")
+	ctx, kill := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.b.Fetch(ctx, p, noConfirm, (&testUpstream{blob: blob, stopAt: stopAt}).fetch(p))
+	}()
+	t.Cleanup(func() { kill(); <-done })
+	waitFor(t, "the dying replica to upload two parts", func() bool {
+		l, err := a.b.readLease(t.Context(), d)
+		return err == nil && l.count() >= 2
+	})
+	net.cut.Store(true)
+}
+
+// bucketBlob reads d whole from the bucket.
+func bucketBlob(t *testing.T, r testReplica, d digest.Digest) []byte {
+	t.Helper()
+	o, err := r.b.get(t.Context(), "test", r.b.blobKey(d), 0, -1)
+	if err != nil {
+		t.Fatal(err)
 	}
-	kill()
-	<-aDone
+	defer o.body.Close()
+	b, err := io.ReadAll(o.body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // cuttable is a replica's network to the bucket, which a test can cut.
@@ -536,8 +531,7 @@ func TestSmallBlobUploadedWhole(t *testing.T) {
 func TestTakeoverAssemblesOnlyVerifiedBytes(t *testing.T) {
 	srv, bucket := testMinio(t)
 	cfg := Config{Bucket: bucket, LeaseTTL: time.Second}
-	aNet := &cuttable{}
-	a, b := newReplica(t, srv, "a", cfg, withHTTPClient(&http.Client{Transport: aNet})), newReplica(t, srv, "b", cfg)
+	b := newReplica(t, srv, "b", cfg)
 	blob, d := randomBlob(3*minPartSize+5, 9)
 	size := int64(len(blob))
 	bad := bytes.Clone(blob)
@@ -552,40 +546,15 @@ func TestTakeoverAssemblesOnlyVerifiedBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	pb.Abandon(errors.New("earlier attempt"))
-
-	pa, err := a.store.NewPartial(t.Context(), d, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	actx, kill := context.WithCancel(t.Context())
-	defer kill()
-	aDone := make(chan struct{})
-	go func() {
-		defer close(aDone)
-		a.b.Fetch(actx, pa, noConfirm, (&testUpstream{blob: bad, stopAt: 2 * minPartSize}).fetch(pa))
-	}()
-	waitFor(t, "replica a to upload two corrupt parts", func() bool {
-		l, err := a.b.readLease(t.Context(), d)
-		return err == nil && l.count() >= 2
-	})
-	aNet.cut.Store(true)
+	holderDies(t, srv, cfg, d, bad, 2*minPartSize)
 
 	up := &testUpstream{blob: blob}
 	if _, err := fetchAndCommit(t.Context(), b, d, -1, up); err != nil { // size unknown, as without a manifest
 		t.Fatal(err)
 	}
-	waitFor(t, "the blob to be assembled", func() bool { _, err := b.b.StatBlob(t.Context(), d); return err == nil })
-	o, err := b.b.get(t.Context(), "test", b.b.blobKey(d), 0, -1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	whole, _ := io.ReadAll(o.body)
-	o.body.Close()
-	if digest.FromBytes(whole) != d {
+	if digest.FromBytes(bucketBlob(t, b, d)) != d {
 		t.Fatal("the blob assembled in the bucket holds the dead replica's corrupt bytes")
 	}
-	kill()
-	<-aDone
 }
 
 // A blob in the bucket that does not verify is removed from it, and the
