@@ -232,7 +232,9 @@ func (f *Fetch) Finish(ctx context.Context, committed error) {
 		return
 	}
 	b := f.b
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Minute)
+	// Cancelled with ctx (a shutdown): the lease is then released, and
+	// whoever takes it finishes the upload.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	mismatch := errors.Is(committed, storage.ErrDigestMismatch) || errors.Is(committed, storage.ErrSizeMismatch)
 	switch {
