@@ -693,11 +693,23 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lea
 	dst := b.blobKey(d)
 	n := l.numParts()
 	src := func(i int) *string { return aws.String(copySource(b.name, b.partKey(d, i))) }
-	// Until the lease would lapse: then another replica may assemble.
-	ctx, cancel := context.WithDeadline(ctx, h.validUntil())
-	defer cancel()
+	// Each request while the lease is this replica's, and no longer than it
+	// stays so unless renewed (keep goes on renewing it meanwhile): once it
+	// lapses another replica may assemble.
+	held := func() (context.Context, context.CancelFunc, error) {
+		if err := h.valid(); err != nil {
+			return nil, nil, err
+		}
+		ctx, cancel := context.WithDeadline(ctx, h.validUntil())
+		return ctx, cancel, nil
+	}
 	if n == 1 {
-		_, err := b.client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &b.name, Key: &dst, CopySource: src(0)})
+		cctx, cancel, err := held()
+		if err != nil {
+			return err
+		}
+		_, err = b.client.CopyObject(cctx, &s3.CopyObjectInput{Bucket: &b.name, Key: &dst, CopySource: src(0)})
+		cancel()
 		b.metrics.request("copy_blob", err)
 		if err != nil {
 			return b.wrap("assembling", dst, err)
@@ -710,7 +722,12 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lea
 				b.log.Warn("aborting an earlier assembly of a blob: the janitor aborts it later", "digest", d, "err", err)
 			}
 		}
-		mu, err := b.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &b.name, Key: &dst})
+		cctx, cancel, err := held()
+		if err != nil {
+			return err
+		}
+		mu, err := b.client.CreateMultipartUpload(cctx, &s3.CreateMultipartUploadInput{Bucket: &b.name, Key: &dst})
+		cancel()
 		b.metrics.request("create_multipart", err)
 		if err != nil {
 			return b.wrap("assembling", dst, err)
@@ -720,7 +737,12 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lea
 		g.SetLimit(8)
 		for i := range n {
 			g.Go(func() error {
-				out, err := b.client.UploadPartCopy(gctx, &s3.UploadPartCopyInput{Bucket: &b.name, Key: &dst,
+				if err := h.valid(); err != nil {
+					return err
+				}
+				pctx, cancel := context.WithDeadline(gctx, h.validUntil())
+				defer cancel()
+				out, err := b.client.UploadPartCopy(pctx, &s3.UploadPartCopyInput{Bucket: &b.name, Key: &dst,
 					UploadId: mu.UploadId, PartNumber: aws.Int32(int32(i + 1)), CopySource: src(i)})
 				b.metrics.request("copy_part", err)
 				if err != nil {
@@ -732,15 +754,21 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lea
 		}
 		err = g.Wait()
 		if err == nil {
-			_, err = b.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{Bucket: &b.name, Key: &dst,
-				UploadId: mu.UploadId, MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}})
-			b.metrics.request("complete_multipart", err)
-			if err != nil {
-				err = b.wrap("assembling", dst, err)
+			var cctx context.Context
+			if cctx, cancel, err = held(); err == nil {
+				_, err = b.client.CompleteMultipartUpload(cctx, &s3.CompleteMultipartUploadInput{Bucket: &b.name, Key: &dst,
+					UploadId: mu.UploadId, MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}})
+				cancel()
+				b.metrics.request("complete_multipart", err)
+				if err != nil {
+					err = b.wrap("assembling", dst, err)
+				}
 			}
 		}
 		if err != nil {
-			_, aerr := b.client.AbortMultipartUpload(context.WithoutCancel(ctx), &s3.AbortMultipartUploadInput{Bucket: &b.name, Key: &dst, UploadId: mu.UploadId})
+			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
+			_, aerr := b.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: &b.name, Key: &dst, UploadId: mu.UploadId})
+			cancel()
 			b.metrics.request("abort_multipart", aerr)
 			return err
 		}
