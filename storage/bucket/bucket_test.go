@@ -432,6 +432,17 @@ func TestStoreShares(t *testing.T) {
 	if _, err := b.ReadBlob(ctx, digest.FromString("none"), 1<<20); !errors.Is(err, storage.ErrNotFound) {
 		t.Fatalf("missing manifest: got %v, want not found", err)
 	}
+	// A manifest damaged in the bucket is not served, and is removed.
+	damaged := digest.FromString(`{"schemaVersion":2}`)
+	if _, err := ra.b.putBytes(ctx, "test", ra.b.manifestKey(damaged), []byte(`{"schemaVersion":3}`), "", "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.ReadBlob(ctx, damaged, 1<<20); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("damaged manifest: got %v, want not found", err)
+	}
+	if _, err := ra.b.head(ctx, "test", ra.b.manifestKey(damaged)); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("damaged manifest still in the bucket: %v", err)
+	}
 
 	rec := storage.TagRecord{Digest: md, MediaType: mt, Size: int64(len(manifest)), CheckedAt: time.Now().Truncate(time.Second)}
 	if err := a.PutTag(ctx, "docker.io", "library/app", "v1", rec); err != nil {

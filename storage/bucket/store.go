@@ -62,8 +62,10 @@ func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, limit int64) ([]b
 	case int64(len(body)) > min(limit, maxManifestSize):
 		return nil, fmt.Errorf("manifest %s in the bucket: %d bytes, more than %d", d, len(body), limit)
 	case d.Algorithm().FromBytes(body) != d:
-		s.b.log.Warn("a manifest in the shared bucket does not match its digest: fetching it again from the upstream",
+		// Removed, so that the copy fetched now takes its place.
+		s.b.log.Warn("a manifest in the shared bucket does not match its digest: removed, fetching it again from the upstream",
 			"digest", d, "key", s.b.manifestKey(d))
+		s.b.delete(ctx, "delete_manifest", s.b.manifestKey(d))
 		return nil, err
 	}
 	if err := s.Store.PutBlob(ctx, d, body); err != nil {
