@@ -601,3 +601,21 @@ func TestCorruptBlobInBucketRemoved(t *testing.T) {
 		t.Errorf("the upstream was asked for %d bytes before the bucket's copy failed", up.sent.Load())
 	}
 }
+
+// A replica whose bucket does not answer starts, and fetches alone: the
+// pull is served from the upstream, whole.
+func TestBucketUnreachableFetchesAlone(t *testing.T) {
+	srv, bucket := testMinio(t)
+	net := &cuttable{}
+	net.cut.Store(true)
+	r := newReplica(t, srv, "a", Config{Bucket: bucket}, withHTTPClient(&http.Client{Transport: net}))
+	blob, d := randomBlob(3*minPartSize, 11)
+	up := &testUpstream{blob: blob}
+	src, err := fetchAndCommit(t.Context(), r, d, int64(len(blob)), up)
+	if err != nil || src != SourceUpstream || up.sent.Load() != int64(len(blob)) {
+		t.Fatalf("with the bucket unreachable: %s, %v, %d bytes from the upstream; want upstream, nil, %d", src, err, up.sent.Load(), len(blob))
+	}
+	if !bytes.Equal(storedBlob(t, r, d), blob) {
+		t.Fatal("stored other bytes than the blob's")
+	}
+}
