@@ -28,7 +28,6 @@ type mirror struct {
 	reg       *prometheus.Registry
 	names     []string             // upstreams, as logged: name=endpoints
 	upstreams []*upstream.Registry // the online ones, for their live state
-	bucket    *bucket.Bucket       // shared with other replicas; nil for a local store
 	maxConns  int
 	closers   []func() // run in reverse by Close
 }
@@ -96,7 +95,7 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 			class, fix := bucket.Diagnose(err)
 			return nil, fmt.Errorf("opening the shared bucket: %s: %w (fix: %s; pullproxy doctor checks it)", class, err, fix)
 		}
-		served, shared, m.bucket = bucket.NewStore(store, b), b, b
+		served, shared = bucket.NewStore(store, b), b
 		if background {
 			janitorCtx, stopJanitor := context.WithCancel(ctx)
 			janitorDone := make(chan struct{})

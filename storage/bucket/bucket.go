@@ -37,7 +37,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -254,9 +253,6 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
 	}
 	return b, nil
 }
-
-// ID is this replica's name in the leases it takes.
-func (b *Bucket) ID() string { return b.id }
 
 // Redirect reports whether GETs of blobs in the bucket are redirected.
 func (b *Bucket) Redirect() bool { return b.cfg.Redirect }
@@ -519,6 +515,3 @@ func (b *Bucket) BlobURL(ctx context.Context, d digest.Digest) (string, error) {
 	}
 	return req.URL, nil
 }
-
-// basename is the last element of a key.
-func basename(key string) string { return path.Base(key) }

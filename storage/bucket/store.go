@@ -42,9 +42,6 @@ func NewStore(local *storage.Store, b *Bucket) *Store {
 	return &Store{Store: local, b: b}
 }
 
-// Bucket returns the bucket behind the store.
-func (s *Store) Bucket() *Bucket { return s.b }
-
 // ReadBlob reads a manifest (or another small blob) from the local store,
 // or else from the bucket, verified against d and then kept locally.
 func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, limit int64) ([]byte, error) {
