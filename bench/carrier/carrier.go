@@ -174,12 +174,21 @@ type Stats struct {
 	Cut       int64 // sessions killed by the relay (they reached their cut)
 	BytesDown int64 // target→client bytes forwarded
 	BytesUp   int64 // client→target bytes forwarded
+	// FirstDown is when the first target→client byte was forwarded, and
+	// LastData when the last write of at least dataWrite bytes was: where
+	// the last response body ended, as handshakes and headers are smaller
+	// (zero: none yet).
+	FirstDown, LastData time.Time
 }
 
 const (
 	bufSize  = 32 << 10 // copy buffer per direction per session; max bytes per limiter wait
 	minBurst = 64 << 10 // token bucket depth, at least
 	minChunk = 1 << 10  // smallest read size under a low bandwidth cap
+	// dataWrite is the least a write must carry to count as body data in
+	// Stats.LastData: more than a TLS handshake's flight or a response's
+	// headers.
+	dataWrite = 8 << 10
 )
 
 // Relay is a running simulated carrier. Its methods are safe for concurrent
@@ -201,6 +210,7 @@ type Relay struct {
 
 	nSessions, nCut, bytesDown, bytesUp atomic.Int64
 	open, peakOpen                      atomic.Int64
+	firstDown, lastData                 atomic.Int64 // UnixNano; 0: none yet
 }
 
 // Start validates cfg, listens on 127.0.0.1 on a free port and starts
@@ -271,7 +281,16 @@ func (r *Relay) Stats() Stats {
 		Cut:       r.nCut.Load(),
 		BytesDown: r.bytesDown.Load(),
 		BytesUp:   r.bytesUp.Load(),
+		FirstDown: unixNano(r.firstDown.Load()),
+		LastData:  unixNano(r.lastData.Load()),
 	}
+}
+
+func unixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
 }
 
 // Close stops listening, closes every session (stalled ones included, with a
@@ -470,7 +489,14 @@ func (s *session) down() {
 	}
 	deliver := func(p []byte) error {
 		w, err := s.c.Write(p)
-		r.bytesDown.Add(int64(w))
+		if w > 0 {
+			r.bytesDown.Add(int64(w))
+			now := time.Now().UnixNano()
+			r.firstDown.CompareAndSwap(0, now)
+			if w >= dataWrite {
+				r.lastData.Store(now)
+			}
+		}
 		return err
 	}
 	// end runs once everything read is delivered: the cut, or the target's end.

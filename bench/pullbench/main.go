@@ -108,6 +108,11 @@ func parseFlags() (cfg config, jsonOut, proxyLogs string) {
 }
 
 func run(ctx context.Context, cfg config, jsonOut, proxyLogs string) error {
+	if proxyLogs != "" {
+		if err := os.MkdirAll(proxyLogs, 0o755); err != nil {
+			return fmt.Errorf("-proxy-logs: %w", err)
+		}
+	}
 	if ok, reason := containerdtest.Available(); !ok {
 		return fmt.Errorf("pullbench needs containerd: %s", reason)
 	}

@@ -19,6 +19,11 @@ type sample struct {
 	upstream  float64 // bytes carried from the registry / bytes needed
 	rssMiB    float64 // pullproxy's peak resident memory (VmHWM)
 	peakConns float64 // the most sessions open at once on the carrier
+	// head runs from the pull's start to the first byte the carrier carried
+	// from the registry, tail from the end of the last body it carried to
+	// the pull's end: the time spent outside the transfer itself (a
+	// whole-image pull's only).
+	head, tail float64
 }
 
 // measurement is one row of the table, measured cfg.Runs times.
@@ -42,6 +47,8 @@ type result struct {
 	PeakConns     *benchrun.Summary `json:"peak_sessions,omitempty"`                        // the most sessions open at once on the carrier
 	UpstreamRatio *benchrun.Summary `json:"upstream_bytes_ratio,omitempty"`                 // bytes carried from the registry / bytes needed
 	PeakRSSMiB    *benchrun.Summary `json:"peak_rss_mib,omitempty"`                         // pullproxy's peak resident memory
+	Head          *benchrun.Summary `json:"head_seconds,omitempty"`                         // the pull's start to the registry's first byte across the carrier
+	Tail          *benchrun.Summary `json:"tail_seconds,omitempty"`                         // the end of the last body across the carrier to the pull's end
 	Direct        *series           `json:"direct_attempts,omitempty"`                      // the direct pull across the carrier
 	Error         string            `json:"error,omitempty"`                                // why the measurement stopped
 }
@@ -157,6 +164,10 @@ func (b *bench) measure(ctx context.Context, m measurement) result {
 	}
 	if m.overLink {
 		r.PeakConns = summarise(samples, func(s sample) float64 { return s.peakConns })
+	}
+	if m.overLink && m.wholeImage && samples[0].tail != 0 {
+		r.Head = summarise(samples, func(s sample) float64 { return s.head })
+		r.Tail = summarise(samples, func(s sample) float64 { return s.tail })
 	}
 	logResult(r)
 	return r

@@ -23,6 +23,16 @@ type fetch struct {
 	failure string    // ctr's error if it exited non-zero, else ""
 }
 
+// around returns how long the pull ran before the carrier carried the
+// registry's first byte, and after the end of the last body it carried, in
+// seconds.
+func (f fetch) around(st carrier.Stats) (head, tail float64) {
+	if st.FirstDown.IsZero() || st.LastData.IsZero() {
+		return 0, 0
+	}
+	return st.FirstDown.Sub(f.first).Seconds(), f.end.Sub(st.LastData).Seconds()
+}
+
 // hostsFunc writes the hosts.toml that sends registryHost's requests to
 // addr (host:port) and returns the hosts directory.
 type hostsFunc func(d *containerdtest.Daemon, addr string) (string, error)
@@ -125,7 +135,9 @@ func (b *bench) direct(ctx context.Context, prob float64, rtt time.Duration) (sa
 		return sample{}, fmt.Errorf("direct pull failed after %.2fs: %s", f.took.Seconds(), f.failure)
 	}
 	st := path.Stats()
-	return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes), peakConns: float64(st.PeakOpen)}, nil
+	head, tail := f.around(st)
+	return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes), peakConns: float64(st.PeakOpen),
+		head: head, tail: tail}, nil
 }
 
 // attempt is one direct pull across the carrier with resets.
@@ -212,8 +224,9 @@ func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, prob float64, r
 	}
 	if !warm {
 		st := path.Stats()
+		head, tail := f.around(st)
 		return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes),
-			rssMiB: p.PeakRSSMiB(), peakConns: float64(st.PeakOpen)}, nil
+			rssMiB: p.PeakRSSMiB(), peakConns: float64(st.PeakOpen), head: head, tail: tail}, nil
 	}
 	before := path.Stats().BytesDown
 	if f, err = b.pull(ctx, p.Addr, mirrorHosts); err != nil {

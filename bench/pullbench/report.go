@@ -26,7 +26,9 @@ func printTable(w io.Writer, rep report) {
 		"trip(s) of set-up and then TCP slow start (10 segments doubling each round trip); the registry speaks "+
 		"TLS. Runs per measurement: %d. Times are measured by pullbench: a containerd pull from ctr's first "+
 		"connection to ctr's exit, the other rows from the first request to the last byte received. "+
-		"\"Of the link\" is the image's bytes over the median time, as a share of the cap (computed, not measured).\n\n",
+		"\"Of the link\" is the image's bytes over the median time, as a share of the cap (computed, not measured). "+
+		"\"Head / tail\": from the pull's start to the first byte the carrier carried from the registry, and from "+
+		"the end of the last response body it carried (its last write of 8 KiB or more) to the pull's end (medians).\n\n",
 		len(cfg.LayerSizes), float64(rep.ImageBytes)/mib, cfg.CutProb*100, float64(cfg.CutMin)/1e6,
 		float64(cfg.CutMax)/1e6, float64(cfg.Bandwidth)/1e6, cfg.SetupRTTs, cfg.Runs)
 	if cfg.Replicas {
@@ -41,9 +43,9 @@ func printTable(w io.Writer, rep report) {
 	}
 	n := cfg.Runs
 	fmt.Fprintf(w, "| RTT | measurement | time, median of %d | time, worst of %d | median time / clean direct median "+
-		"| of the link | upstream bytes / needed, worst of %d | peak sessions, worst of %d | peak RSS, worst of %d | note |\n",
+		"| of the link | upstream bytes / needed, worst of %d | peak sessions, worst of %d | peak RSS, worst of %d | head / tail | note |\n",
 		n, n, n, n, n)
-	fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+	fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, r := range rep.Results {
 		fmt.Fprintf(w, "| %s |\n", strings.Join(row(r), " | "))
 	}
@@ -51,12 +53,12 @@ func printTable(w io.Writer, rep report) {
 
 // row is a result's cells, in the table's order.
 func row(r result) []string {
-	cells := []string{fmt.Sprintf("%d ms", r.RTTms), r.Name, "", "", "", "", "", "", "", ""}
+	cells := []string{fmt.Sprintf("%d ms", r.RTTms), r.Name, "", "", "", "", "", "", "", "", ""}
 	switch {
 	case r.Error != "":
-		cells[9] = "failed: " + strings.ReplaceAll(r.Error, "\n", " ")
+		cells[10] = "failed: " + strings.ReplaceAll(r.Error, "\n", " ")
 	case r.Direct != nil:
-		cells[2], cells[9] = r.Direct.verdict(), r.Direct.describe()
+		cells[2], cells[10] = r.Direct.verdict(), r.Direct.describe()
 	default:
 		cells[2] = fmt.Sprintf("%.2f s", r.Seconds.Median)
 		cells[3] = fmt.Sprintf("%.2f s", r.Seconds.Worst)
@@ -75,6 +77,9 @@ func row(r result) []string {
 	}
 	if r.PeakRSSMiB != nil {
 		cells[8] = fmt.Sprintf("%.0f MiB", r.PeakRSSMiB.Worst)
+	}
+	if r.Head != nil && r.Tail != nil {
+		cells[9] = fmt.Sprintf("%.2f / %.2f s", r.Head.Median, r.Tail.Median)
 	}
 	return cells
 }
