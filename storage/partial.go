@@ -348,14 +348,21 @@ func (p *Partial) Written() int64 {
 
 // Commit verifies the download (every byte written, digest matching) and
 // moves it into the store. On failure the download is failed with the reason.
+//
+// Readers waiting for the held-back end get it as soon as the blob is in
+// place: a checkpoint still running in the background (a sync and a
+// database write, tens of milliseconds on a busy disk) is waited for only
+// after that, before the file is closed and the progress record dropped.
 func (p *Partial) Commit(ctx context.Context) error {
-	p.background.Wait()
-	// Every byte is in: record that before the hashing and the sync of the
-	// whole file, which take a while, so that a crash meanwhile costs
-	// nothing of the download.
-	if p.unsavedBytes() > 0 {
-		if err := p.checkpoint(); err != nil {
-			p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
+	if p.unhashed() > hashWindow {
+		// Every byte is in: record that before hashing the rest and syncing
+		// the whole file, which take a while, so that a crash meanwhile
+		// costs nothing of the download.
+		p.background.Wait()
+		if p.unsavedBytes() > 0 {
+			if err := p.checkpoint(); err != nil {
+				p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
+			}
 		}
 	}
 	if err := p.verify(); err != nil {
@@ -363,7 +370,7 @@ func (p *Partial) Commit(ctx context.Context) error {
 		return err
 	}
 	size := p.Size()
-	if err := p.store.commitFile(p.f, p.digest, size); err != nil {
+	if err := p.store.placeFile(p.f, p.digest, size); err != nil {
 		p.Fail(err)
 		return err
 	}
@@ -373,12 +380,20 @@ func (p *Partial) Commit(ctx context.Context) error {
 	p.notifyLocked()
 	p.mu.Unlock()
 	p.store.unreserve(p)
+	p.background.Wait() // a checkpoint under way sees the commit and records nothing more
+	p.f.Close()
 	p.dropRecord()
 	// The blob is in place; a lost record only costs its last-access time.
 	if err := p.store.recordBlob(ctx, p.digest, size); err != nil {
 		p.store.log.Warn("recording committed blob", "digest", p.digest, "err", err)
 	}
 	return nil
+}
+
+// unhashed returns how many bytes of the written prefix the running hash
+// has yet to cover.
+func (p *Partial) unhashed() int64 {
+	return p.Written() - p.hashed.Load()
 }
 
 func (p *Partial) verify() error {

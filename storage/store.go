@@ -302,17 +302,23 @@ func (s *Store) PutBlob(ctx context.Context, d digest.Digest, b []byte) error {
 	return s.recordBlob(ctx, d, int64(len(b)))
 }
 
-// commitFile syncs and closes f, then renames it into place as blob d. The
-// rename is the only step that makes content visible. The size is known in
-// memory before it: a reader that finds the file finds its size too, and
-// never caches its absence while the record is being written.
+// commitFile syncs and closes f, then renames it into place as blob d (see
+// placeFile).
 func (s *Store) commitFile(f *os.File, d digest.Digest, size int64) error {
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("committing %s: sync: %w", d, err)
+	err := s.placeFile(f, d, size)
+	if cerr := f.Close(); err == nil && cerr != nil {
+		return fmt.Errorf("committing %s: %w", d, cerr)
 	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("committing %s: %w", d, err)
+	return err
+}
+
+// placeFile syncs f and renames it into place as blob d, leaving f open.
+// The rename is the only step that makes content visible. The size is known
+// in memory before it: a reader that finds the file finds its size too, and
+// never caches its absence while the record is being written.
+func (s *Store) placeFile(f *os.File, d digest.Digest, size int64) error {
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("committing %s: sync: %w", d, err)
 	}
 	dst := s.blobPath(d)
 	dir := filepath.Dir(dst)
