@@ -43,22 +43,25 @@ type chunkDialer struct {
 	recent map[dialKey]*setupTimes
 }
 
-// setupTimes are the last set-up times of connections to an address.
+// setupTimes holds the least set-up time of connections to an address
+// within setupMemory: how long the path itself is. Other set-ups take
+// longer than the path: those of a burst of connections, or on a busy CPU,
+// and, on a path its own chunks keep full, every one, as its handshake
+// queues behind their data (by tens of milliseconds at 64 MB/s), much as
+// at a real bottleneck.
 type setupTimes struct {
-	took [16]time.Duration
-	next int
+	least time.Duration
+	at    time.Time // when least was seen
 }
 
-// shortest returns the shortest of them: the path's own length, which
-// connections opened in a burst, or on a busy CPU, overstate.
-func (s *setupTimes) shortest() time.Duration {
-	var least time.Duration
-	for _, d := range s.took {
-		if d > 0 && (least == 0 || d < least) {
-			least = d
-		}
+// setupMemory is how long a least set-up time stands: a path that grew
+// longer (a route change) is seen as such after it.
+const setupMemory = 5 * time.Minute
+
+func (s *setupTimes) add(took time.Duration, now time.Time) {
+	if s.least == 0 || took <= s.least || now.Sub(s.at) > setupMemory {
+		s.least, s.at = took, now
 	}
-	return least
 }
 
 // dialKey is where a connection goes, and whether it speaks TLS.
@@ -142,7 +145,7 @@ func (d *chunkDialer) open(ctx context.Context, network string, key dialKey) (ne
 		c = tc
 	}
 	took := time.Since(start)
-	this := max(took, 1) // 0 marks an empty slot in setupTimes
+	this := max(took, 1) // 0 marks none seen in setupTimes
 	d.mu.Lock()
 	if prev, ok := d.setup[key]; ok {
 		took = (3*prev + took) / 4
@@ -153,20 +156,19 @@ func (d *chunkDialer) open(ctx context.Context, network string, key dialKey) (ne
 		r = &setupTimes{}
 		d.recent[key] = r
 	}
-	r.took[r.next] = this
-	r.next = (r.next + 1) % len(r.took)
+	r.add(this, time.Now())
 	d.mu.Unlock()
 	return c, nil
 }
 
-// shortestSetup returns the shortest time opening one of the last
-// connections to key took, or 0 when none was opened yet: how long the path
+// shortestSetup returns the least time opening a connection to key took
+// lately (see setupTimes), or 0 when none was opened yet: how long the path
 // is.
 func (d *chunkDialer) shortestSetup(key dialKey) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r := d.recent[key]; r != nil {
-		return r.shortest()
+		return r.least
 	}
 	return 0
 }

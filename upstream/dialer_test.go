@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -71,5 +72,29 @@ func TestFetchBlobOverTLS(t *testing.T) {
 	}
 	if got := r.dialer.warmTaken.Load(); got == 0 {
 		t.Errorf("chunks sent on a connection opened ahead: got none, want some")
+	}
+}
+
+// TestSetupTimesKeepsTheLeast: the path's length is the least set-up time
+// seen lately; longer ones (a busy path, a burst) leave it, and it is
+// forgotten after setupMemory.
+func TestSetupTimesKeepsTheLeast(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	var s setupTimes
+	steps := []struct {
+		after, took, want time.Duration
+	}{
+		{0, 5 * time.Millisecond, 5 * time.Millisecond},
+		{time.Second, 40 * time.Millisecond, 5 * time.Millisecond},
+		{2 * time.Second, 3 * time.Millisecond, 3 * time.Millisecond},
+		{setupMemory, 30 * time.Millisecond, 3 * time.Millisecond},
+		{setupMemory + 3*time.Second, 30 * time.Millisecond, 30 * time.Millisecond},
+	}
+	for _, st := range steps {
+		s.add(st.took, start.Add(st.after))
+		if s.least != st.want {
+			t.Errorf("a set-up of %v at %v: least %v, want %v", st.took, st.after, s.least, st.want)
+		}
 	}
 }

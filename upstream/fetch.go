@@ -57,7 +57,7 @@ func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, 
 	eps = r.ordered(eps)
 	for i, ep := range eps {
 		stats.endpoints++
-		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w, stats: &stats}
+		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w, stats: &stats, finished: make(chan struct{})}
 		if err = f.run(ctx); err == nil {
 			ep.markUp()
 			return stats.report(ep.url.Redacted()), nil
@@ -145,6 +145,9 @@ type blobFetch struct {
 	failures  int           // attempts in a row without a new byte
 	stopped   bool          // a chunk failed for good: nothing more is claimed
 	warned    bool          // the size disagreement was logged
+
+	finished     chan struct{} // closed once every byte is written: workers waiting for a lane or a retry end
+	finishedOnce sync.Once
 }
 
 type span struct{ start, end int64 }
@@ -260,6 +263,9 @@ func (f *blobFetch) worker(ctx context.Context) error {
 	pipe := f.ep.pipe
 	for {
 		l, err := pipe.acquire(ctx, f)
+		if errors.Is(err, errFinished) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
@@ -289,6 +295,7 @@ func (f *blobFetch) worker(ctx context.Context) error {
 		pipe.release(f, l, time.Since(start))
 		if err == nil {
 			f.progress()
+			f.checkFinished()
 			continue
 		}
 		if ctx.Err() != nil {
@@ -297,13 +304,15 @@ func (f *blobFetch) worker(ctx context.Context) error {
 		if !errors.Is(err, ErrUnavailable) {
 			return err // not found, refused, invalid: retrying will not help
 		}
-		attempts := 0
 		if n > 0 && !errors.Is(err, errTooSlow) {
+			// A cut after bytes came: the rest is asked for at once, on
+			// another connection, as the path allows (see pipe).
 			f.progress()
-		} else {
-			// A trickle brings bytes, but is no progress to keep trying on.
-			attempts = f.failed()
+			f.checkFinished()
+			continue
 		}
+		// A trickle brings bytes, but is no progress to keep trying on.
+		attempts := f.failed()
 		if attempts >= f.r.fetch.MaxAttempts {
 			what := "brought no byte"
 			if errors.Is(err, errTooSlow) {
@@ -312,9 +321,26 @@ func (f *blobFetch) worker(ctx context.Context) error {
 			return fmt.Errorf("fetching %s from %s: %d attempts in a row %s: %w",
 				f.digest, f.ep.host, attempts, what, err)
 		}
-		if err := sleep(ctx, backoff(attempts)); err != nil {
-			return err
+		select {
+		case <-time.After(backoff(attempts)):
+		case <-f.finished: // the other workers brought the rest
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
 		}
+	}
+}
+
+// errFinished ends a wait for a lane: the blob is complete.
+var errFinished = errors.New("blob complete")
+
+// checkFinished closes finished once the blob is complete, so that the
+// workers waiting for a lane or to try again end at once: FetchBlob
+// returns, and the blob is committed and its held-back end served, only
+// once every worker has.
+func (f *blobFetch) checkFinished() {
+	if f.complete() {
+		f.finishedOnce.Do(func() { close(f.finished) })
 	}
 }
 
@@ -559,9 +585,11 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 		if kind == "slow" {
 			cutAt = 0 // abandoned here, not cut by the path: no evidence of a byte count
 		}
-		switch {
+		switch stalled := kind == "stall" || kind == "slow"; {
+		case probe && stalled:
+			f.ep.pipe.failed(pipeProbeStall)
 		case probe: // finding where the path cuts is what a probe is for
-		case kind == "stall" || kind == "slow":
+		case stalled:
 			f.ep.pipe.failed(pipeStall)
 		default:
 			f.ep.pipe.failed(pipeCut)

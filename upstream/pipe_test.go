@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"testing"
@@ -45,10 +46,17 @@ func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64,
 				mu.Lock()
 				peak = max(peak, n)
 				mu.Unlock()
-				rate := min(perConn, capacity/float64(n))
-				took := time.Duration(float64(chunk) / rate * float64(time.Second))
-				for range 8 { // bytes arrive as the chunk goes, as from a socket
-					time.Sleep(took / 8)
+				// Bytes arrive as the chunk goes, as from a socket, at a
+				// pace set by the connections in flight meanwhile.
+				var took time.Duration
+				for range 8 {
+					p.mu.Lock()
+					n := p.inflight
+					p.mu.Unlock()
+					rate := min(perConn, capacity/float64(n))
+					step := time.Duration(float64(chunk/8) / rate * float64(time.Second))
+					time.Sleep(step)
+					took += step
 					p.add(int(chunk / 8))
 				}
 				p.release(owner, l, took)
@@ -176,4 +184,103 @@ func TestPipeShares(t *testing.T) {
 			p.release(<-func() chan *blobFetch { c := make(chan *blobFetch, 1); c <- a; return c }(), &lane{}, 0)
 		}
 	})
+}
+
+// TestPipeShortPathStartsFew: at its first measurement a short path's limit
+// goes straight to shortStart, where a long path's grows; where a few
+// connections do not keep the short path full (each moves 1 MB/s), the
+// limit goes back up.
+func TestPipeShortPathStartsFew(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		perConn  float64
+		setup    time.Duration
+		at       time.Duration // when the limit is looked at
+		min, max int
+	}{
+		{"short path", 16e6, time.Millisecond, 2 * time.Second, minTrimmed, shortStart},
+		{"long path", 16e6, 200 * time.Millisecond, 2 * time.Second, initialConnections, 64},
+		// Judged after a window at shortStart that settles, and one more.
+		{"short path that few connections do not fill", 1e6, time.Millisecond, 8 * time.Second, initialConnections, 64},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				p := newTestPipe(64)
+				p.setup = func() time.Duration { return tt.setup }
+				var got int
+				sampled := make(chan struct{})
+				go func() {
+					defer close(sampled)
+					time.Sleep(tt.at)
+					got = p.current()
+				}()
+				simulatePath(t, p, 100, tt.perConn, 64e6, 1<<20, tt.at+time.Second)
+				<-sampled
+				if got < tt.min || got > tt.max {
+					t.Errorf("limit %v in: %v, want %v to %v", tt.at, got, tt.min, tt.max)
+				}
+			})
+		})
+	}
+}
+
+// TestPipeWaitEndsWithTheBlob: a worker waiting for a lane stops waiting,
+// and takes none, once its blob is complete.
+func TestPipeWaitEndsWithTheBlob(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := newTestPipe(1)
+		other, owner := &blobFetch{}, &blobFetch{finished: make(chan struct{})}
+		l, err := p.acquire(t.Context(), other)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() { _, err := p.acquire(t.Context(), owner); errc <- err }()
+		synctest.Wait()
+		close(owner.finished)
+		if err := <-errc; !errors.Is(err, errFinished) {
+			t.Errorf("waiting for a lane as the blob completed: got %v, want errFinished", err)
+		}
+		p.release(other, l, 0)
+		if _, err := p.acquire(t.Context(), other); err != nil {
+			t.Errorf("the slot was not free again: %v", err)
+		}
+	})
+}
+
+// TestPipeStallUndoesTrimming: a stall, a probe's too, takes a trimmed limit
+// back to where trimming started, and stops trimming; untrimmed, a probe's
+// stall leaves the limit alone and another takes a quarter off.
+func TestPipeStallUndoesTrimming(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name             string
+		limit, untrimmed int
+		kind             int
+		want             int
+	}{
+		{"probe stall, trimmed", 6, 32, pipeProbeStall, 32},
+		{"stall, trimmed", 6, 32, pipeStall, 32},
+		{"probe stall", 32, 0, pipeProbeStall, 32},
+		{"stall", 32, 0, pipeStall, 24},
+		{"cut, trimmed", 6, 32, pipeCut, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newTestPipe(64)
+			p.mu.Lock()
+			p.limit, p.untrimmed, p.trimming = tt.limit, tt.untrimmed, tt.untrimmed > 0
+			p.mu.Unlock()
+			p.failed(tt.kind)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.limit != tt.want || p.trimming {
+				t.Errorf("limit %v, trimming %v; want %v, not trimming", p.limit, p.trimming, tt.want)
+			}
+		})
+	}
 }
