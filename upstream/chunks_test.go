@@ -842,7 +842,7 @@ func TestBudget(t *testing.T) {
 	}
 	checkNext := func(t *testing.T, b *budget, now time.Time, wantSize int64, wantProbe bool) {
 		t.Helper()
-		if size, probe := b.next(now); size != wantSize || probe != wantProbe {
+		if size, probe := b.next(now, initialConnections); size != wantSize || probe != wantProbe {
 			t.Errorf("next: got %v, %v, want %v, %v", size, probe, wantSize, wantProbe)
 		}
 	}
@@ -850,7 +850,7 @@ func TestBudget(t *testing.T) {
 	probes := func(t *testing.T, b *budget, n int, now time.Time) (last int64) {
 		t.Helper()
 		for range n {
-			size, probe := b.next(now)
+			size, probe := b.next(now, initialConnections)
 			if !probe {
 				t.Fatalf("next: got no probe, want one")
 			}
@@ -858,6 +858,20 @@ func TestBudget(t *testing.T) {
 		}
 		return last
 	}
+
+	t.Run("a quarter of few connections probe", func(t *testing.T) {
+		t.Parallel()
+		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
+		if size, probe := b.next(t0, 4); !probe || size != 2*mib {
+			t.Errorf("next through 4 connections: got %v, %v, want a probe of %v", size, probe, 2*mib)
+		}
+		if _, probe := b.next(t0, 4); probe {
+			t.Errorf("next through 4 connections, a probe in flight: got a probe, want none")
+		}
+		if _, probe := b.next(t0, 8); !probe {
+			t.Errorf("next through 8 connections, a probe in flight: got none, want a second")
+		}
+	})
 
 	t.Run("growth", func(t *testing.T) {
 		t.Parallel()

@@ -127,14 +127,16 @@ func (b *budget) get() int64 {
 }
 
 // next returns the allowance of a new connection: the budget, or twice it
-// (up to the limit) when the connection is to be a probe.
-func (b *budget) next(now time.Time) (size int64, probe bool) {
+// (up to the limit) when the connection is to be a probe. conns is how many
+// connections the endpoint's pipe lets through at once: at most a quarter
+// of them probe, as a probe that stalls holds its slot for stall_timeout.
+func (b *budget) next(now time.Time, conns int) (size int64, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	edge, _ := b.edgeLocked(now, false)
 	most := 1
 	if edge == 0 { // no recent cut
-		most = cleanProbes
+		most = min(cleanProbes, max(1, conns/4))
 	}
 	if b.probing >= most || b.probeWins >= growAfter {
 		return b.current, false // enough in flight, or enough won: waiting for the rest to settle

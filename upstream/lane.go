@@ -72,7 +72,7 @@ func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 		}
 		delete(l.conns, key)
 	}
-	allowance, probe := ep.budget.next(time.Now())
+	allowance, probe := ep.budget.next(time.Now(), ep.pipe.current())
 	p := chunkPlan{size: chunkSize(allowance), room: allowance}
 	p.last = allowance-p.size < minChunk
 	if probe {
