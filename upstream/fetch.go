@@ -270,7 +270,7 @@ func (f *blobFetch) worker(ctx context.Context) error {
 			return err
 		}
 		plan := l.plan(f.ep, f.target())
-		c, ok, wait := f.claim(plan.size, plan.room)
+		c, ok, wait := f.claim(plan.size, plan.room, pipe.free())
 		if !ok {
 			if plan.probe != nil {
 				plan.probe.failed()
@@ -364,10 +364,11 @@ func (f *blobFetch) target() *url.URL {
 // claim picks the next range to fetch: at the first offset a client waits
 // for that is neither written nor claimed, else the first such offset from
 // the start; size bytes long at most, or up to room when the rest of the gap
-// would be too short for a chunk of its own. When there is nothing to claim
-// yet but may be soon (the size is being learned), it returns a channel to
-// wait on.
-func (f *blobFetch) claim(size, room int64) (chunk, bool, <-chan struct{}) {
+// would be too short for a chunk of its own, and shorter near the blob's
+// end while free slots of the pipe (free) could share what is left (see
+// endgame). When there is nothing to claim yet but may be soon (the size is
+// being learned), it returns a channel to wait on.
+func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struct{}) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	blobSize := f.w.Size()
@@ -401,6 +402,7 @@ func (f *blobFetch) claim(size, room int64) (chunk, bool, <-chan struct{}) {
 			off = wanted[i]
 		}
 		if c, ok := f.gapFrom(off, size, room); ok {
+			c.end = f.endgame(c, blobSize, free)
 			f.inflight = append(f.inflight, span{c.start, c.end})
 			return c, true, nil
 		}
@@ -435,6 +437,37 @@ func (f *blobFetch) gapFrom(off, size, room int64) (chunk, bool) {
 		}
 	}
 }
+
+// endgame returns where chunk c, claimed at the end of what is left of a
+// blob of blobSize bytes, is to end: sooner when the pipe has free slots
+// that could share the rest. Its last chunks would otherwise each take a
+// connection's set-up and slow start alone, as would one cut near the end
+// and asked for again (at 100 ms, a MiB on a new connection takes about
+// nine round trips), while the slots others freed stay idle; and a client
+// reading in order gets the last chunks in flight at once. The rest is
+// shared between this chunk and free others, in pieces of at least
+// endgameMin. Called with f.mu held.
+func (f *blobFetch) endgame(c chunk, blobSize int64, free int) int64 {
+	pieces := int64(free) + 1
+	if free <= 0 || c.end-c.start <= endgameMin || blobSize-c.start > (c.end-c.start)*pieces {
+		return c.end // not near the end, or nothing to share it with
+	}
+	var rest int64
+	for off := c.start; ; {
+		g, ok := f.gapFrom(off, blobSize, blobSize)
+		if !ok {
+			break
+		}
+		rest += g.end - g.start
+		off = g.end
+	}
+	piece := max((rest+pieces-1)/pieces, endgameMin)
+	return min(c.end, c.start+piece)
+}
+
+// endgameMin is the least a chunk is shortened to near a blob's end: a
+// request costs a round trip of its own.
+const endgameMin = 128 << 10
 
 func (f *blobFetch) release(c chunk) {
 	f.mu.Lock()

@@ -439,6 +439,13 @@ func (p *pipe) holdLocked(until time.Time) {
 // add counts chunk bytes received.
 func (p *pipe) add(n int) { p.received.Add(int64(n)) }
 
+// free returns how many more connections the limit lets through now.
+func (p *pipe) free() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return max(p.limit-p.inflight, 0)
+}
+
 // current returns the limit.
 func (p *pipe) current() int {
 	p.mu.Lock()
