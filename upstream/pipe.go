@@ -25,13 +25,15 @@ import (
 // each window while the goodput stays within trimKeep of the full path's,
 // down to minTrimmed, the last step taken back once it does not; not on a
 // path that cut or stalled a session in the last staleRate, nor on a long
-// path (see shortLocked). Each connection costs CPU at both ends, and a
-// short path stays full with a few. A regular chunk cut (the path cutting
-// below the budget) takes one connection off, one that stalls a quarter,
-// 429 and 503 (the upstream asking for less) a half, the last two with a
-// pause in growth. A probe chunk's cut or stall leaves the limit alone:
-// finding where the path cuts is what it is for. The limit stays within
-// [minConnections, MaxConnections].
+// path (see shortLocked). A short path goes to minTrimmed at once, at its
+// first measurement, judged as trimming is. Each connection costs CPU at
+// both ends, and a short path stays full with a few. A regular chunk cut
+// (the path cutting below the budget) takes one connection off, one that
+// stalls a quarter, 429 and 503 (the upstream asking for less) a half, the
+// last two with a pause in growth. A stall, a probe's too, first takes a
+// trimmed limit back to where trimming started (see failed); a probe
+// chunk's cut leaves the limit alone: finding where the path cuts is what
+// it is for. The limit stays within [minConnections, MaxConnections].
 //
 // Connections go to the waiting blob that holds the fewest, first come first
 // served among equals: one blob alone can use the whole pipe, several share
@@ -67,7 +69,7 @@ type pipe struct {
 	trimming   bool      // the path was found full: fewer connections are tried while it stays full
 	fullRate   float64   // with trimming: the goodput of the full path, which fewer connections must keep
 	failedAt   time.Time // the last cut, stall or 429/503: no trimming for staleRate after
-	shortTried bool      // the limit went straight to shortStart once
+	shortTried bool      // the limit went straight to minTrimmed once
 	untrimmed  int       // the limit before trimming took it lower; 0: not trimmed
 	holdUntil  time.Time // no growth before
 }
@@ -86,18 +88,14 @@ const (
 	initialConnections = 32
 	// minConnections is the least the limit shrinks to.
 	minConnections = 2
-	// minTrimmed is the least trimming takes the limit to. With fewer,
-	// each connection's replacement (its budget spent) leaves a gap that
-	// the others do not fill: at 2 on a clean 64 MB/s path, a pull took 5%
-	// longer than containerd's own (pullbench).
-	minTrimmed = 4
-	// shortStart is where a short path's limit goes at its first
-	// measurement, to be trimmed further while the path stays full: on a
-	// clean 64 MB/s path pulls through 12 connections took as long as
-	// containerd's own, where through 64 they took 3% longer, the client
-	// finishing the last MiB in flight after the path had delivered them
-	// (pullbench).
-	shortStart = 8
+	// minTrimmed is the least trimming takes the limit to, and where a
+	// short path's limit goes at its first measurement. With fewer, each
+	// connection's replacement (its budget spent) leaves a gap that the
+	// others do not fill: through 4 on a clean 64 MB/s path, windows
+	// measured 95-98% of the cap, and at 2 a pull took 5% longer than
+	// containerd's own; through 64, the client took the last MiB in flight
+	// after the path had delivered them, and pulls took 1.03x (pullbench).
+	minTrimmed = 8
 	// growthHold is how long the limit holds once goodput stopped rising
 	// with it, before trying again.
 	growthHold = 30 * time.Second
@@ -291,11 +289,11 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 			// The first evidence, on a short path: a few connections keep
 			// it full, and a blob's chunks in flight are what a client
 			// reading in order waits behind (at 64 connections, tens of
-			// MiB it gets at once at the end). Straight to shortStart,
+			// MiB it gets at once at the end). Straight to minTrimmed,
 			// judged against this window's goodput as trimming is.
 			p.trimming, p.fullRate, p.untrimmed = true, rate, p.limit
 			p.stepFrom, p.shrank, p.settled = p.limit, true, false
-			p.setLimitLocked(shortStart)
+			p.setLimitLocked(minTrimmed)
 			return "a short path: trying fewer connections", rate
 		}
 		// Nothing to compare with: a step, judged next window, and taken
@@ -315,10 +313,10 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 	}
 }
 
-// shortFirstLocked reports whether the limit goes straight to shortStart:
+// shortFirstLocked reports whether the limit goes straight to minTrimmed:
 // once per pipe, on a short path with no recent failure, from above it.
 func (p *pipe) shortFirstLocked(now time.Time) bool {
-	if p.shortTried || p.limit <= shortStart || now.Sub(p.failedAt) < staleRate || !p.shortLocked() {
+	if p.shortTried || p.limit <= minTrimmed || now.Sub(p.failedAt) < staleRate || !p.shortLocked() {
 		return false
 	}
 	p.shortTried = true

@@ -187,7 +187,7 @@ func TestPipeShares(t *testing.T) {
 }
 
 // TestPipeShortPathStartsFew: at its first measurement a short path's limit
-// goes straight to shortStart, where a long path's grows; where a few
+// goes straight to minTrimmed, where a long path's grows; where a few
 // connections do not keep the short path full (each moves 1 MB/s), the
 // limit goes back up.
 func TestPipeShortPathStartsFew(t *testing.T) {
@@ -199,9 +199,9 @@ func TestPipeShortPathStartsFew(t *testing.T) {
 		at       time.Duration // when the limit is looked at
 		min, max int
 	}{
-		{"short path", 16e6, time.Millisecond, 2 * time.Second, minTrimmed, shortStart},
+		{"short path", 16e6, time.Millisecond, 2 * time.Second, minTrimmed, minTrimmed},
 		{"long path", 16e6, 200 * time.Millisecond, 2 * time.Second, initialConnections, 64},
-		// Judged after a window at shortStart that settles, and one more.
+		// Judged after a window at minTrimmed that settles, and one more.
 		{"short path that few connections do not fill", 1e6, time.Millisecond, 8 * time.Second, initialConnections, 64},
 	}
 	for _, tt := range tests {
