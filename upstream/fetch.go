@@ -146,6 +146,7 @@ type blobFetch struct {
 	stopped   bool          // a chunk failed for good: nothing more is claimed
 	warned    bool          // the size disagreement was logged
 
+	workers      int           // fetching chunks at once at most
 	finished     chan struct{} // closed once every byte is written: workers waiting for a lane or a retry end
 	finishedOnce sync.Once
 }
@@ -163,6 +164,7 @@ func (f *blobFetch) run(ctx context.Context) error {
 	if f.r.fetch.ParallelChunks > 0 {
 		workers = min(workers, f.r.fetch.ParallelChunks)
 	}
+	f.workers = workers
 	g, gctx := errgroup.WithContext(ctx)
 	for range workers {
 		g.Go(func() error { return f.worker(gctx) })
@@ -445,9 +447,11 @@ func (f *blobFetch) gapFrom(off, size, room int64) (chunk, bool) {
 // and asked for again (at 100 ms, a MiB on a new connection takes about
 // nine round trips), while the slots others freed stay idle; and a client
 // reading in order gets the last chunks in flight at once. The rest is
-// shared between this chunk and free others, in pieces of at least
-// endgameMin. Called with f.mu held.
+// shared between this chunk and others in slots free for the blob (of the
+// pipe's, and of its workers), in pieces of at least endgameMin. Called
+// with f.mu held.
 func (f *blobFetch) endgame(c chunk, blobSize int64, free int) int64 {
+	free = min(free, f.workers-len(f.inflight)-1)
 	pieces := int64(free) + 1
 	if free <= 0 || c.end-c.start <= endgameMin || blobSize-c.start > (c.end-c.start)*pieces {
 		return c.end // not near the end, or nothing to share it with

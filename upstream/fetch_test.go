@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -1387,8 +1388,8 @@ func TestBackoff(t *testing.T) {
 
 // TestClaimNearTheEnd: a chunk claimed where what is left of the blob could
 // be shared with free slots of the pipe is shortened to the rest's share,
-// never below endgameMin; elsewhere, or with no slot free, it keeps the
-// size asked for.
+// never below endgameMin; elsewhere, or with no slot or worker of the blob's
+// free, it keeps the size asked for.
 func TestClaimNearTheEnd(t *testing.T) {
 	t.Parallel()
 	const mib = 1 << 20
@@ -1400,13 +1401,15 @@ func TestClaimNearTheEnd(t *testing.T) {
 		free      int
 		wantStart int64
 		wantEnd   int64
+		workers   int // 0: 64
 	}{
-		{"far from the end", 8 * mib, 0, nil, 4, 0, mib},
-		{"no free slot", 8 * mib, 7 * mib, nil, 0, 7 * mib, 8 * mib},
-		{"the last MiB, three free slots", 8 * mib, 7 * mib, nil, 3, 7 * mib, 7*mib + 256<<10},
-		{"the last MiB, many free slots", 8 * mib, 7 * mib, nil, 63, 7 * mib, 7*mib + endgameMin},
-		{"what others hold is not shared", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 1, 7 * mib, 7*mib + 512<<10},
-		{"two MiB left, one free slot", 8 * mib, 6 * mib, nil, 1, 6 * mib, 7 * mib},
+		{"far from the end", 8 * mib, 0, nil, 4, 0, mib, 0},
+		{"no free slot", 8 * mib, 7 * mib, nil, 0, 7 * mib, 8 * mib, 0},
+		{"the last MiB, three free slots", 8 * mib, 7 * mib, nil, 3, 7 * mib, 7*mib + 256<<10, 0},
+		{"the last MiB, many free slots", 8 * mib, 7 * mib, nil, 63, 7 * mib, 7*mib + endgameMin, 0},
+		{"what others hold is not shared", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 1, 7 * mib, 7*mib + 512<<10, 0},
+		{"two MiB left, one free slot", 8 * mib, 6 * mib, nil, 1, 6 * mib, 7 * mib, 0},
+		{"no worker free", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 8, 7 * mib, 8 * mib, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1416,7 +1419,7 @@ func TestClaimNearTheEnd(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			f := &blobFetch{w: w, inflight: slices.Clone(tt.inflight)}
+			f := &blobFetch{w: w, inflight: slices.Clone(tt.inflight), workers: cmp.Or(tt.workers, 64)}
 			c, ok, _ := f.claim(mib, mib, tt.free)
 			if !ok || c.start != tt.wantStart || c.end != tt.wantEnd {
 				t.Errorf("claimed %d-%d (%v), want %d-%d", c.start, c.end, ok, tt.wantStart, tt.wantEnd)
