@@ -992,6 +992,27 @@ func TestBudget(t *testing.T) {
 		// cut point, past the two odd ones): below the budget, which stays.
 		checkNext(t, b, t0, mib, false)
 	})
+	t.Run("with few cut points growth stops at 3/4 of the smallest", func(t *testing.T) {
+		t.Parallel()
+		// The carrier cuts at 1.3-3.1 MB; probes were cut at four points.
+		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 16 << 10, MaxConnectionBudget: 64 * mib})
+		cutProbe := func(n int64) {
+			if _, probe := b.next(t0, initialConnections); !probe {
+				t.Fatalf("next: got no probe, want one")
+			}
+			b.cut(n, true, "stall", t0)
+		}
+		for _, n := range []int64{2_900_000, 1_500_000, 2_000_000, 2_600_000} {
+			cutProbe(n)
+		}
+		checkNext(t, b, t0, 1_500_000*3/4, true) // not 3/4 of the third smallest, 2.6 MB
+		b.failed(true)
+		for _, n := range []int64{2_500_000, 2_400_000, 2_300_000} {
+			cutProbe(n)
+		}
+		// Seven points: 3/4 of the third smallest, past two outliers.
+		checkNext(t, b, t0, 2_300_000*3/4, true)
+	})
 	t.Run("fixed", func(t *testing.T) {
 		t.Parallel()
 		b, g, cuts := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: mib})

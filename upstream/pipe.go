@@ -29,8 +29,9 @@ import (
 // first measurement, judged as trimming is. Each connection costs CPU at
 // both ends, and a short path stays full with a few. A regular chunk cut
 // (the path cutting below the budget) takes one connection off, one that
-// stalls a quarter, 429 and 503 (the upstream asking for less) a half, the
-// last two with a pause in growth. A stall, a probe's too, first takes a
+// stalls a quarter (not below minStalled), 429 and 503 (the upstream
+// asking for less) a half, the last two with a pause in growth. A stall, a
+// probe's too, first takes a
 // trimmed limit back to where trimming started (see failed); a probe
 // chunk's cut leaves the limit alone: finding where the path cuts is what
 // it is for. The limit stays within [minConnections, MaxConnections].
@@ -96,6 +97,13 @@ const (
 	// containerd's own; through 64, the client took the last MiB in flight
 	// after the path had delivered them, and pulls took 1.03x (pullbench).
 	minTrimmed = 8
+	// minStalled is the least stalls take the limit to. Stalled
+	// connections hold their slots until stall_timeout, and a budget just
+	// grown past a stalling carrier's cut-off has many stall at once: at 8
+	// stalls cut the limit to 2 within a second, leaving one or two
+	// connections to carry the pull for seconds (a pull took 1.4x
+	// containerd's own; pullbench).
+	minStalled = initialConnections / 2
 	// growthHold is how long the limit holds once goodput stopped rising
 	// with it, before trying again.
 	growthHold = 30 * time.Second
@@ -412,8 +420,8 @@ func (p *pipe) failed(kind int) {
 		switch {
 		case p.untrimmed > p.limit:
 			p.setLimitLocked(p.untrimmed)
-		case kind == pipeStall:
-			p.setLimitLocked(p.limit * 3 / 4)
+		case kind == pipeStall && p.limit > minStalled:
+			p.setLimitLocked(max(p.limit*3/4, minStalled))
 		}
 		p.holdLocked(now.Add(p.windowLocked()))
 	case pipeBusy:

@@ -254,7 +254,8 @@ func TestPipeWaitEndsWithTheBlob(t *testing.T) {
 
 // TestPipeStallUndoesTrimming: a stall, a probe's too, takes a trimmed limit
 // back to where trimming started, and stops trimming; untrimmed, a probe's
-// stall leaves the limit alone and another takes a quarter off.
+// stall leaves the limit alone and another takes a quarter off, down to
+// minStalled.
 func TestPipeStallUndoesTrimming(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -267,6 +268,8 @@ func TestPipeStallUndoesTrimming(t *testing.T) {
 		{"stall, trimmed", 6, 32, pipeStall, 32},
 		{"probe stall", 32, 0, pipeProbeStall, 32},
 		{"stall", 32, 0, pipeStall, 24},
+		{"stall near minStalled", 20, 0, pipeStall, minStalled},
+		{"stall below minStalled", 6, 0, pipeStall, 6},
 		{"cut, trimmed", 6, 32, pipeCut, 5},
 	}
 	for _, tt := range tests {
