@@ -138,6 +138,7 @@ type blobServer struct {
 	digest    digest.Digest
 	cut       int64 // bytes per response before the connection is dropped; 0: none
 	failAfter int64 // requests answered before every further one gets 500; 0: none
+	failGate  chan struct{} // when set, a failing request waits for it to close
 	corrupt   bool
 	holdAt    int64         // offset in the blob at which responses wait for hold to close; 0: none
 	hold      chan struct{} // see holdAt
@@ -162,6 +163,12 @@ func (b *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	n := b.requests.Add(1)
 	if b.failAfter > 0 && n > b.failAfter {
+		if b.failGate != nil {
+			select {
+			case <-b.failGate:
+			case <-r.Context().Done():
+			}
+		}
 		http.Error(w, "broken", http.StatusInternalServerError)
 		return
 	}
@@ -280,10 +287,14 @@ func TestFailedFetchEndsResponseCleanly(t *testing.T) {
 	content := randomBytes(t, 2<<20)
 	b, srv := newBlobServer(t, content)
 	b.cut, b.failAfter = 512<<10, 2 // the HEAD and the first chunk are answered
+	// The failures wait until the client has its answer's header: the
+	// first chunk's cut is asked for again at once.
+	b.failGate = make(chan struct{})
 	e := blobEnv(t, b, srv)
 	url := e.proxy.URL + "/v2/test/app/blobs/" + b.digest.String() + "?ns=" + upstreamName
 
 	resp, err := http.Get(url)
+	close(b.failGate)
 	if err != nil {
 		t.Fatal(err)
 	}

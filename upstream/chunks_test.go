@@ -322,6 +322,51 @@ func TestFetchBlobStallResumes(t *testing.T) {
 	}
 }
 
+// TestFetchBlobHedgesASilentEnd: the only chunk in flight stops sending
+// part-way, with nothing else left to claim; another worker asks for its
+// rest after hedgeAfter, long before StallTimeout, and the silent request is
+// ended with the blob, counted as no stall.
+func TestFetchBlobHedgesASilentEnd(t *testing.T) {
+	t.Parallel()
+	const (
+		size    = 100_000
+		stallAt = 30_000
+	)
+	blob := randomBlob(size)
+	release := make(chan struct{})
+	s := &rangeServer{blob: blob, hold: func(i int) (int, <-chan struct{}) {
+		if i == 0 {
+			return stallAt, release
+		}
+		return 0, nil
+	}}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) }) // before Close, which waits for handlers
+	m, reg := newTestMetrics(t)
+	// Were the silent chunk left to StallTimeout, the test would run for a
+	// minute and count a stall.
+	r := newFetchRegistry(t, FetchConfig{ParallelChunks: 2, StallTimeout: time.Minute}, []string{srv.URL}, WithMetrics(m))
+	w := newMemBlobWriter(-1)
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+		t.Fatalf("got %v, want no error", err)
+	}
+	checkBlob(t, w, blob)
+	gets := s.getRequests()
+	if len(gets) != 2 {
+		t.Fatalf("GETs: got %q, want two", ranges(gets))
+	}
+	// The silent answer's bytes may still be held for a larger write (see
+	// gather): the rest is asked for from the first byte not written.
+	if start, end, _ := parseRangeHeader(gets[1].rng); start > stallAt || end != size {
+		t.Errorf("second Range: got %q, want one from %v or before to the end", gets[1].rng, stallAt)
+	}
+	labels := map[string]string{"upstream": testUpstream, "endpoint": host(srv), "kind": "stall"}
+	if got := metricValue(t, reg, "pullproxy_upstream_connection_cuts_total", labels); got != 0 {
+		t.Errorf("pullproxy_upstream_connection_cuts_total{kind=stall}: got %v, want 0", got)
+	}
+}
+
 // TestFetchBlobRangeIgnored: an upstream that answers every range with the
 // whole blob (200) is read as one stream.
 func TestFetchBlobRangeIgnored(t *testing.T) {

@@ -135,7 +135,8 @@ type blobFetch struct {
 	stats  *fetchStats // shared by the blob's endpoints; nil: not kept
 
 	mu        sync.Mutex
-	inflight  []span        // ranges claimed by workers
+	inflight  []claimed     // ranges claimed by workers
+	watcher   int           // the worker that, with nothing to claim, watches those in flight (see hedgeLocked); 0: none
 	location  *url.URL      // where the registry redirected blob GETs: reused until refused
 	noRange   bool          // the endpoint ignores Range: one stream from the first missing byte
 	streaming bool          // with noRange: a worker holds the stream
@@ -149,9 +150,18 @@ type blobFetch struct {
 	workers      int           // fetching chunks at once at most
 	finished     chan struct{} // closed once every byte is written: workers waiting for a lane or a retry end
 	finishedOnce sync.Once
+	cancel       context.CancelFunc // ends the workers' requests once finished
 }
 
 type span struct{ start, end int64 }
+
+// claimed is a range a worker fetches, and what hedgeLocked knows of it.
+type claimed struct {
+	span
+	seen   int64     // its first missing byte when last looked at
+	seenAt time.Time // when seen last moved (or the range was claimed)
+	hedged bool      // its rest was claimed again
+}
 
 // run fetches the blob with as many workers as the endpoint's pipe may let
 // through at once (or ParallelChunks, where set); the pipe decides how many
@@ -166,8 +176,17 @@ func (f *blobFetch) run(ctx context.Context) error {
 	}
 	f.workers = workers
 	g, gctx := errgroup.WithContext(ctx)
-	for range workers {
-		g.Go(func() error { return f.worker(gctx) })
+	wctx, cancel := context.WithCancel(gctx)
+	defer cancel()
+	f.cancel = cancel
+	for id := range workers {
+		g.Go(func() error {
+			err := f.worker(wctx, id+1)
+			if f.isFinished() {
+				return nil // every byte is in: requests ended with it do not count
+			}
+			return err
+		})
 	}
 	return g.Wait()
 }
@@ -261,7 +280,7 @@ func SizeMismatchMessage(d digest.Digest, claimed, declared int64) string {
 // worker fetches chunks until none is left to claim. It claims a chunk only
 // once the pipe gives it a lane, so that the chunk is the one most wanted at
 // the time its request goes out, sized to the lane's connection.
-func (f *blobFetch) worker(ctx context.Context) error {
+func (f *blobFetch) worker(ctx context.Context, id int) error {
 	pipe := f.ep.pipe
 	for {
 		l, err := pipe.acquire(ctx, f)
@@ -279,7 +298,19 @@ func (f *blobFetch) worker(ctx context.Context) error {
 			}
 			pipe.release(f, l, 0)
 			if wait == nil {
-				return nil
+				d := f.watch(id)
+				if d == 0 {
+					return nil
+				}
+				wait = f.finished
+				select { // chunks in flight are watched for one gone silent
+				case <-time.After(d):
+					continue
+				case <-wait:
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
 			}
 			select { // the first chunk is learning the size
 			case <-wait:
@@ -299,6 +330,9 @@ func (f *blobFetch) worker(ctx context.Context) error {
 			f.progress()
 			f.checkFinished()
 			continue
+		}
+		if f.isFinished() {
+			return nil // another brought the rest, and this request was ended
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -337,13 +371,46 @@ func (f *blobFetch) worker(ctx context.Context) error {
 var errFinished = errors.New("blob complete")
 
 // checkFinished closes finished once the blob is complete, so that the
-// workers waiting for a lane or to try again end at once: FetchBlob
-// returns, and the blob is committed and its held-back end served, only
-// once every worker has.
+// workers waiting for a lane or to try again end at once, and ends the
+// requests still in flight (a silent one whose rest another brought):
+// FetchBlob returns, and the blob is committed and its held-back end
+// served, only once every worker has.
 func (f *blobFetch) checkFinished() {
 	if f.complete() {
-		f.finishedOnce.Do(func() { close(f.finished) })
+		f.finishedOnce.Do(func() {
+			close(f.finished)
+			if f.cancel != nil {
+				f.cancel()
+			}
+		})
 	}
+}
+
+func (f *blobFetch) isFinished() bool {
+	select {
+	case <-f.finished:
+		return true
+	default:
+		return false
+	}
+}
+
+// watch makes worker id, which found nothing to claim, the one that
+// watches the chunks in flight for one gone silent (see hedgeLocked),
+// unless another does or none is in flight. It returns how long to wait
+// before looking again, or 0 when the worker is done.
+func (f *blobFetch) watch(id int) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.watcher != 0 && f.watcher != id {
+		return 0
+	}
+	if len(f.inflight) == 0 || f.noRange {
+		f.watcher = 0
+		return 0
+	}
+	f.watcher = id
+	return f.hedgeAfter() / 4
 }
 
 // chunk is a claimed byte range, and how to ask for it.
@@ -384,7 +451,7 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 		f.sizing, f.sized = true, make(chan struct{})
 		// Claimed like any chunk: the size is known as soon as its answer
 		// comes, and a worker that claims then must not ask for it again.
-		f.inflight = append(f.inflight, span{0, size})
+		f.inflight = append(f.inflight, claimed{span: span{0, size}, seen: 0, seenAt: time.Now()})
 		return chunk{start: 0, end: size}, true, nil
 	case f.noRange:
 		if f.streaming {
@@ -405,12 +472,64 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 		}
 		if c, ok := f.gapFrom(off, size, room); ok {
 			c.end = f.endgame(c, blobSize, free)
-			f.inflight = append(f.inflight, span{c.start, c.end})
+			f.inflight = append(f.inflight, claimed{span: span{c.start, c.end}, seen: c.start, seenAt: time.Now()})
 			return c, true, nil
 		}
 	}
+	if c, ok := f.hedgeLocked(time.Now()); ok {
+		return c, true, nil
+	}
 	return chunk{}, false, nil
 }
+
+// hedgeLocked claims again the rest of a chunk in flight that has brought
+// nothing for hedgeAfter, once nothing else is left to claim. Its
+// connection may have gone silent (a carrier that stalls sessions), which
+// stall_timeout would tell only seconds later, with the blob's end, its
+// commit and the client's last bytes waiting on it. Whichever brings the
+// bytes first writes them (the writer takes each byte once), and the other
+// request ends with the blob (see checkFinished). Bytes the silent request
+// received but still holds for a larger write (see gather) are asked for
+// again. Called with f.mu held.
+func (f *blobFetch) hedgeLocked(now time.Time) (chunk, bool) {
+	after := f.hedgeAfter()
+	for i := range f.inflight {
+		s := &f.inflight[i]
+		if s.hedged {
+			continue
+		}
+		missing, _ := f.w.Missing(s.start)
+		switch {
+		case missing >= s.end:
+			continue // all in, its answer ending
+		case missing != s.seen:
+			s.seen, s.seenAt = missing, now
+			continue
+		case now.Sub(s.seenAt) < after:
+			continue
+		}
+		s.hedged = true
+		f.inflight = append(f.inflight, claimed{span: span{missing, s.end}, seen: missing, seenAt: now})
+		return chunk{start: missing, end: s.end}, true
+	}
+	return chunk{}, false
+}
+
+// hedgeAfter is how long a chunk in flight may bring nothing before its
+// rest is asked for again at a blob's end: several round trips (a new
+// connection's set-up takes two or three), and at least minHedge, but less
+// than stall_timeout.
+func (f *blobFetch) hedgeAfter() time.Duration {
+	d := minHedge
+	if f.ep.pipe.setup != nil {
+		d = max(d, 3*f.ep.pipe.setup())
+	}
+	return min(d, f.r.fetch.StallTimeout/2)
+}
+
+// minHedge is the least hedgeAfter: a healthy chunk connection brings bytes
+// every few milliseconds, or each round trip in slow start.
+const minHedge = 300 * time.Millisecond
 
 // gapFrom finds the first unwritten, unclaimed range at or after off: size
 // bytes of it, or all of it when that is at most room and what size would

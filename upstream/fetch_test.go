@@ -1419,11 +1419,40 @@ func TestClaimNearTheEnd(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			f := &blobFetch{w: w, inflight: slices.Clone(tt.inflight), workers: cmp.Or(tt.workers, 64)}
+			f := &blobFetch{w: w, workers: cmp.Or(tt.workers, 64)}
+			for _, s := range tt.inflight {
+				f.inflight = append(f.inflight, claimed{span: s, seen: s.start})
+			}
 			c, ok, _ := f.claim(mib, mib, tt.free)
 			if !ok || c.start != tt.wantStart || c.end != tt.wantEnd {
 				t.Errorf("claimed %d-%d (%v), want %d-%d", c.start, c.end, ok, tt.wantStart, tt.wantEnd)
 			}
 		})
+	}
+}
+
+// TestClaimHedgesASilentChunk: with nothing else left to claim, the rest of
+// a chunk in flight that has brought nothing for hedgeAfter is claimed
+// again, once; one still bringing bytes is left alone.
+func TestClaimHedgesASilentChunk(t *testing.T) {
+	t.Parallel()
+	const mib = 1 << 20
+	w := newMemBlobWriter(4 * mib)
+	if _, err := w.WriteAt(make([]byte, 3*mib+100), 0); err != nil { // 100 bytes of the last MiB in
+		t.Fatal(err)
+	}
+	f := &blobFetch{w: w, r: &Registry{fetch: FetchConfig{StallTimeout: 2 * time.Second}}, ep: &endpoint{pipe: &pipe{}}, workers: 8}
+	long := time.Now().Add(-time.Second) // longer ago than hedgeAfter
+	f.inflight = []claimed{{span: span{3 * mib, 4 * mib}, seen: 3 * mib, seenAt: long}}
+	if c, ok, _ := f.claim(mib, mib, 4); ok {
+		t.Fatalf("a chunk that brought bytes since last looked at: claimed %d-%d, want nothing", c.start, c.end)
+	}
+	f.inflight[0].seenAt = long
+	c, ok, _ := f.claim(mib, mib, 4)
+	if !ok || c.start != 3*mib+100 || c.end != 4*mib {
+		t.Fatalf("a silent chunk: claimed %d-%d (%v), want its rest %d-%d", c.start, c.end, ok, 3*mib+100, 4*mib)
+	}
+	if c, ok, _ := f.claim(mib, mib, 4); ok {
+		t.Errorf("hedged already: claimed %d-%d, want nothing", c.start, c.end)
 	}
 }
