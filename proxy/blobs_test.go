@@ -136,8 +136,8 @@ func TestRestartServesFromDisk(t *testing.T) {
 type blobServer struct {
 	content   []byte
 	digest    digest.Digest
-	cut       int64 // bytes per response before the connection is dropped; 0: none
-	failAfter int64 // requests answered before every further one gets 500; 0: none
+	cut       int64         // bytes per response before the connection is dropped; 0: none
+	failAfter int64         // requests answered before every further one gets 500; 0: none
 	failGate  chan struct{} // when set, a failing request waits for it to close
 	corrupt   bool
 	holdAt    int64         // offset in the blob at which responses wait for hold to close; 0: none
