@@ -302,11 +302,10 @@ func (f *blobFetch) worker(ctx context.Context, id int) error {
 				if d == 0 {
 					return nil
 				}
-				wait = f.finished
 				select { // chunks in flight are watched for one gone silent
 				case <-time.After(d):
 					continue
-				case <-wait:
+				case <-f.finished:
 					return nil
 				case <-ctx.Done():
 					return ctx.Err()
