@@ -783,7 +783,8 @@ func TestFetchBlobProbeFreedOnCancel(t *testing.T) {
 			t.Errorf("small blob: got %v, want no error", err)
 		}
 
-		// The next fetch probes: its first chunk asks for twice the budget.
+		// The next fetch probes: its first chunk asks for cleanGrowth times
+		// the budget.
 		w := newMemBlobWriter(-1)
 		if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(large), w); err != nil {
 			t.Fatalf("got %v, want no error", err)
@@ -793,7 +794,7 @@ func TestFetchBlobProbeFreedOnCancel(t *testing.T) {
 		if len(gets) == 0 {
 			t.Fatalf("GETs of the large blob: got none, want some")
 		}
-		if got, want := askedLen(gets[0], int64(len(large))), int64(2*budget); got != want {
+		if got, want := askedLen(gets[0], int64(len(large))), int64(cleanGrowth*budget); got != want {
 			t.Errorf("first chunk after the cancel: got %v bytes, want %v (a probe)", got, want)
 		}
 	})
@@ -908,8 +909,8 @@ func TestBudget(t *testing.T) {
 	t.Run("a quarter of few connections probe", func(t *testing.T) {
 		t.Parallel()
 		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
-		if size, probe := b.next(t0, 4); !probe || size != 2*mib {
-			t.Errorf("next through 4 connections: got %v, %v, want a probe of %v", size, probe, 2*mib)
+		if size, probe := b.next(t0, 4); !probe || size != 4*mib {
+			t.Errorf("next through 4 connections: got %v, %v, want a probe of %v", size, probe, 4*mib)
 		}
 		if _, probe := b.next(t0, 4); probe {
 			t.Errorf("next through 4 connections, a probe in flight: got a probe, want none")
@@ -921,36 +922,44 @@ func TestBudget(t *testing.T) {
 
 	t.Run("growth", func(t *testing.T) {
 		t.Parallel()
-		b, g, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
+		b, g, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 32 * mib})
 		check(t, "initial", b.get(), mib)
 		check(t, "gauge", int64(testutil.ToFloat64(g)), mib)
-		for range cleanProbes {
-			checkNext(t, b, t0, 2*mib, true)
+		// On a clean path a quarter of the connections probe at once,
+		// cleanGrowth times the budget.
+		const conns, quarter = 16, 4
+		for range quarter {
+			if size, probe := b.next(t0, conns); size != cleanGrowth*mib || !probe {
+				t.Errorf("next: got %v, %v, want a probe of %v", size, probe, cleanGrowth*mib)
+			}
 		}
-		checkNext(t, b, t0, mib, false) // cleanProbes at a time on a clean path
+		if size, probe := b.next(t0, conns); size != mib || probe {
+			t.Errorf("next, a quarter probing: got %v, %v, want %v and no probe", size, probe, mib)
+		}
 		check(t, "a chunk that is no probe", b.completed(mib, false), 0)
-		for range cleanProbes {
-			check(t, "a probe completes", b.completed(2*mib, true), 0)
+		for range quarter {
+			check(t, "a probe completes", b.completed(cleanGrowth*mib, true), 0)
 		}
-		check(t, "probes short of growAfter", probes(t, b, growAfter-cleanProbes-1, t0), 0)
+		check(t, "probes short of growAfter", probes(t, b, growAfter-quarter-1, t0), 0)
 		check(t, "budget", b.get(), mib)
-		check(t, "the growAfter-th probe", probes(t, b, 1, t0), 2*mib)
-		check(t, "gauge", int64(testutil.ToFloat64(g)), 2*mib)
-		check(t, "growAfter more", probes(t, b, growAfter, t0), 4*mib)
-		checkNext(t, b, t0, 4*mib, false) // at MaxBudget
-		check(t, "budget", b.get(), 4*mib)
+		check(t, "the growAfter-th probe", probes(t, b, 1, t0), cleanGrowth*mib)
+		check(t, "gauge", int64(testutil.ToFloat64(g)), cleanGrowth*mib)
+		check(t, "growAfter more", probes(t, b, growAfter, t0), cleanGrowth*cleanGrowth*mib)
+		check(t, "growAfter more, up to MaxBudget", probes(t, b, growAfter, t0), 32*mib)
+		checkNext(t, b, t0, 32*mib, false) // at MaxBudget
+		check(t, "budget", b.get(), 32*mib)
 	})
 	t.Run("adopted once the probes in flight settle", func(t *testing.T) {
 		t.Parallel()
 		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
 		probes(t, b, growAfter-2, t0)
-		checkNext(t, b, t0, 2*mib, true)
-		checkNext(t, b, t0, 2*mib, true)
-		checkNext(t, b, t0, 2*mib, true)
-		check(t, "the growAfter-1-th", b.completed(2*mib, true), 0)
-		check(t, "the growAfter-th, with one in flight", b.completed(2*mib, true), 0)
+		checkNext(t, b, t0, 4*mib, true)
+		checkNext(t, b, t0, 4*mib, true)
+		checkNext(t, b, t0, 4*mib, true)
+		check(t, "the growAfter-1-th", b.completed(4*mib, true), 0)
+		check(t, "the growAfter-th, with one in flight", b.completed(4*mib, true), 0)
 		checkNext(t, b, t0, mib, false) // enough won: no more probes while the last settles
-		check(t, "the last in flight settles: adopted", b.completed(2*mib, true), 2*mib)
+		check(t, "the last in flight settles: adopted", b.completed(4*mib, true), 4*mib)
 	})
 	t.Run("a cut restarts the count of probes", func(t *testing.T) {
 		t.Parallel()
@@ -969,16 +978,16 @@ func TestBudget(t *testing.T) {
 		b.cut(3*mib, false, "reset", t0)
 		checkNext(t, b, t0, 2*mib, true)
 		checkNext(t, b, t0, mib, false)
-		checkNext(t, b, t0.Add(cutMemory), 2*mib, true) // the cut is forgotten
+		checkNext(t, b, t0.Add(cutMemory), cleanGrowth*mib, true) // the cut is forgotten: the path is clean
 	})
 	t.Run("a stalled probe holds the others' wins until it fails", func(t *testing.T) {
 		t.Parallel()
 		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
 		for range 3 {
-			checkNext(t, b, t0, 2*mib, true)
+			checkNext(t, b, t0, 4*mib, true)
 		}
-		check(t, "a probe completes", b.completed(2*mib, true), 0)
-		check(t, "another", b.completed(2*mib, true), 0)
+		check(t, "a probe completes", b.completed(4*mib, true), 0)
+		check(t, "another", b.completed(4*mib, true), 0)
 		check(t, "the third stalls after 1.5 MB", b.cut(1_500_000, true, "stall", t0), 0)
 		check(t, "budget", b.get(), mib)
 		checkNext(t, b, t0, 1_500_000*3/4, true) // probes now stop at 3/4 of the stall
@@ -1004,7 +1013,7 @@ func TestBudget(t *testing.T) {
 		check(t, "gauge", int64(testutil.ToFloat64(g)), 1_125_000)
 		check(t, "a larger cut changes nothing", b.cut(2_000_000, false, "eof", t0), 0)
 		checkNext(t, b, t0.Add(9*time.Minute), 1_125_000, false) // capped while the cuts are recent
-		checkNext(t, b, t0.Add(11*time.Minute), 2_250_000, true)
+		checkNext(t, b, t0.Add(11*time.Minute), 4*mib, true) // forgotten: up to cleanGrowth times, within MaxBudget
 		check(t, "the probe is cut after 10 kB: a probe never lowers the budget", b.cut(10_000, true, "reset", t0.Add(11*time.Minute)), 0)
 		check(t, "budget", b.get(), 1_125_000)
 		check(t, "a cut before any byte is no cut", b.cut(0, false, "error", t0.Add(12*time.Minute)), 0)
@@ -1025,7 +1034,7 @@ func TestBudget(t *testing.T) {
 		// and so is one regular chunk. The carrier itself cuts at 1.3 MB
 		// and up.
 		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 16 << 10, MaxConnectionBudget: 64 * mib})
-		checkNext(t, b, t0, 2*mib, true)
+		checkNext(t, b, t0, cleanGrowth*mib, true)
 		check(t, "the probe cut early", b.cut(98_304, true, "reset", t0), 0)
 		check(t, "a chunk cut early", b.cut(131_072, false, "reset", t0), 0)
 		check(t, "budget", b.get(), mib)

@@ -101,6 +101,27 @@ func (l *lane) retire(c *chunkConn) {
 	c.Close()
 }
 
+// probing reports whether one of l's connections carries a probe not yet
+// settled.
+func (l *lane) probing() bool {
+	for _, c := range l.conns {
+		if c.probe != nil && !c.probe.settled.Load() && !c.retired.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// close closes l's connections, which are idle: a probe on one settles as
+// failed (see chunkConn.Close).
+func (l *lane) close() {
+	for _, c := range l.conns {
+		c.Close()
+	}
+	clear(l.conns)
+	l.client.CloseIdleConnections()
+}
+
 // answered notes the connection that carried the answer to req.
 func (l *lane) answered(req *http.Request, c *chunkConn) {
 	if l.conns == nil || c == nil || req == nil {

@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,7 +198,11 @@ func (p *pipe) release(owner *blobFetch, l *lane, took time.Duration) {
 	from := p.limit
 	why, rate := p.tickLocked(now)
 	to := p.limit
+	parked := p.takeParkedProbesLocked()
 	p.mu.Unlock()
+	for _, l := range parked {
+		l.close()
+	}
 	if to != from {
 		p.log.Debug("chunk connection limit changed", "from", from, "to", to, "why", why, "goodput_mbps", rate/1e6)
 	}
@@ -211,6 +216,26 @@ func (p *pipe) releaseLocked(owner *blobFetch, l *lane) {
 	p.idle = append(p.idle, l)
 	p.flightG.Set(float64(p.inflight))
 	p.wakeLocked()
+}
+
+// takeParkedProbesLocked takes off the idle stack the lanes that the limit
+// leaves unused (it shrank: they sit at the bottom) and that hold a probe's
+// connection. Such a probe settles only when its connection is used again
+// or closed: until then it holds the budget's growth, which waits for every
+// probe in flight. The caller closes the lanes, which settles their probes
+// as failed.
+func (p *pipe) takeParkedProbesLocked() (parked []*lane) {
+	surplus := p.inflight + len(p.idle) - p.limit
+	for i := 0; i < surplus && i < len(p.idle); {
+		if !p.idle[i].probing() {
+			i++
+			continue
+		}
+		parked = append(parked, p.idle[i])
+		p.idle = slices.Delete(p.idle, i, i+1)
+		surplus--
+	}
+	return parked
 }
 
 // wakeLocked grants free slots to waiters: to the blob holding the fewest.

@@ -3,6 +3,8 @@ package upstream
 import (
 	"context"
 	"errors"
+	"net"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -285,5 +287,72 @@ func TestPipeStallUndoesTrimming(t *testing.T) {
 				t.Errorf("limit %v, trimming %v; want %v, not trimming", p.limit, p.trimming, tt.want)
 			}
 		})
+	}
+}
+
+// TestPipeClosesParkedProbes: a lane the limit leaves unused after it
+// shrank, whose connection carries a probe, is closed at the next release:
+// the probe settles, and the budget's growth, which waits for every probe
+// in flight, does not wait for the connection to time out idle. A lane
+// without a probe keeps its connection.
+func TestPipeClosesParkedProbes(t *testing.T) {
+	t.Parallel()
+	cfg, err := FetchConfig{}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newBudget(cfg, discardLogger, prometheus.NewGauge(prometheus.GaugeOpts{Name: "budget"}),
+		prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cuts"}, []string{"kind"}))
+	allowance, probe := b.next(time.Now(), initialConnections)
+	if !probe {
+		t.Fatal("next: got no probe, want one")
+	}
+	newConn := func(p *probeConn) *chunkConn {
+		c, peer := net.Pipe()
+		t.Cleanup(func() { c.Close(); peer.Close() })
+		return &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: c}, probe: p}
+	}
+	probed := &probeConn{budget: b, allowance: allowance}
+	withProbe := &lane{client: &http.Client{Transport: &http.Transport{}}, conns: map[dialKey]*chunkConn{{addr: "a:443"}: newConn(probed)}}
+	plain := newConn(nil)
+	without := &lane{client: &http.Client{Transport: &http.Transport{}}, conns: map[dialKey]*chunkConn{{addr: "a:443"}: plain}}
+	lanes := []*lane{withProbe, without, {}, {}}
+	p := newTestPipe(4)
+	p.newLane = func() *lane { l := lanes[0]; lanes = lanes[1:]; return l }
+
+	owner := &blobFetch{}
+	var held []*lane
+	for range 4 {
+		l, err := p.acquire(t.Context(), owner)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+	}
+	for _, l := range held { // the probe's lane first: the bottom of the idle stack
+		p.release(owner, l, 0)
+	}
+	if !b.probingNow() {
+		t.Fatal("before the limit shrank: the probe settled already")
+	}
+	p.mu.Lock()
+	p.setLimitLocked(2)
+	p.mu.Unlock()
+	l, err := p.acquire(t.Context(), owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.release(owner, l, 0)
+	if b.probingNow() {
+		t.Errorf("after a release below the smaller limit: the parked probe is still in flight")
+	}
+	if !probed.settled.Load() {
+		t.Errorf("the parked probe did not settle")
+	}
+	if plain.retired.Load() {
+		t.Errorf("a parked lane without a probe lost its connection")
+	}
+	if slices.Contains(p.idle, withProbe) {
+		t.Errorf("the probe's lane is still idle in the pipe")
 	}
 }
