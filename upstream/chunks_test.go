@@ -1013,7 +1013,7 @@ func TestBudget(t *testing.T) {
 		check(t, "gauge", int64(testutil.ToFloat64(g)), 1_125_000)
 		check(t, "a larger cut changes nothing", b.cut(2_000_000, false, "eof", t0), 0)
 		checkNext(t, b, t0.Add(9*time.Minute), 1_125_000, false) // capped while the cuts are recent
-		checkNext(t, b, t0.Add(11*time.Minute), 4*mib, true) // forgotten: up to cleanGrowth times, within MaxBudget
+		checkNext(t, b, t0.Add(11*time.Minute), 4*mib, true)     // forgotten: up to cleanGrowth times, within MaxBudget
 		check(t, "the probe is cut after 10 kB: a probe never lowers the budget", b.cut(10_000, true, "reset", t0.Add(11*time.Minute)), 0)
 		check(t, "budget", b.get(), 1_125_000)
 		check(t, "a cut before any byte is no cut", b.cut(0, false, "error", t0.Add(12*time.Minute)), 0)
