@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -148,6 +150,8 @@ type blobFetch struct {
 	warned    bool          // the size disagreement was logged
 
 	workers      int           // fetching chunks at once at most
+	size         atomic.Int64  // the blob's size once known, for left; 0: not yet
+	written      atomic.Int64  // bytes written, a re-sent byte again
 	finished     chan struct{} // closed once every byte is written: workers waiting for a lane or a retry end
 	finishedOnce sync.Once
 	cancel       context.CancelFunc // ends the workers' requests once finished
@@ -161,6 +165,23 @@ type claimed struct {
 	seen   int64     // its first missing byte when last looked at
 	seenAt time.Time // when seen last moved (or the range was claimed)
 	hedged bool      // its rest was claimed again
+}
+
+// left is about how many of the blob's bytes are still to arrive (a byte
+// sent again counts as arrived twice), or MaxInt64 while the size is
+// unknown. The pipe asks it under its lock, for every waiter: it takes the
+// writer's lock only until the size is known.
+func (f *blobFetch) left() int64 {
+	size := f.size.Load()
+	if size <= 0 && f.w != nil {
+		if size = f.w.Size(); size > 0 {
+			f.size.Store(size)
+		}
+	}
+	if size <= 0 {
+		return math.MaxInt64
+	}
+	return size - f.written.Load()
 }
 
 // run fetches the blob with as many workers as the endpoint's pipe may let
@@ -936,6 +957,7 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 				return off - start, fmt.Errorf("%w: %w", errStore, werr)
 			}
 			off += int64(n)
+			f.written.Add(int64(n))
 			received.Add(float64(n))
 			pipe.add(n)
 			if ahead != nil {

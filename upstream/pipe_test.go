@@ -356,3 +356,91 @@ func TestPipeClosesParkedProbes(t *testing.T) {
 		t.Errorf("the probe's lane is still idle in the pipe")
 	}
 }
+
+// TestPipeJudgesALongPathsStepLate: on a long path the window right after
+// a step has the new connections opening, and brings no more goodput than
+// before; the step is judged by the window after it. A short path's step
+// is judged at once.
+func TestPipeJudgesALongPathsStepLate(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		setup     time.Duration
+		rates     []float64 // goodput of each window, bytes/s
+		wantLimit int
+	}{
+		{"long path, the step pays off a window late", 200 * time.Millisecond, []float64{30e6, 30e6, 60e6}, 64},
+		{"long path, the step never pays off", 200 * time.Millisecond, []float64{30e6, 30e6, 31e6}, 32},
+		{"short path, judged at once", time.Millisecond, []float64{30e6, 30e6}, 32},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				p := newTestPipe(64)
+				p.setup = func() time.Duration { return tt.setup }
+				p.shortTried = true // not the short path's first jump: the step is what is tested
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				p.tickLocked(time.Now()) // the first window starts
+				for i, rate := range tt.rates {
+					time.Sleep(time.Second)
+					p.received.Add(int64(rate))
+					p.saturated = true
+					why, _ := p.tickLocked(time.Now())
+					if i == 0 && p.limit != 64 {
+						t.Fatalf("after the first window: limit %d (%q), want a step to 64", p.limit, why)
+					}
+				}
+				if p.limit != tt.wantLimit {
+					t.Errorf("limit: got %d, want %d", p.limit, tt.wantLimit)
+				}
+			})
+		})
+	}
+}
+
+// TestPipeNearestEndFirst: a free slot goes to a blob holding none, else to
+// the blob with the fewest bytes left, whatever the order they wait in.
+func TestPipeNearestEndFirst(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const mib = 1 << 20
+		blob := func(size, written int64) *blobFetch {
+			f := &blobFetch{}
+			f.size.Store(size)
+			f.written.Store(written)
+			return f
+		}
+		near, far, fresh := blob(100*mib, 90*mib), blob(100*mib, 10*mib), blob(200*mib, 0)
+		p := newTestPipe(4)
+		ctx := t.Context()
+		for _, o := range []*blobFetch{near, far, far, far} {
+			if _, err := p.acquire(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		granted := make(chan *blobFetch, 4)
+		for _, o := range []*blobFetch{far, near, near, fresh} {
+			go func() {
+				if _, err := p.acquire(ctx, o); err == nil {
+					granted <- o
+				}
+			}()
+			synctest.Wait() // queued in this order
+		}
+		var got []*blobFetch
+		for _, o := range []*blobFetch{far, far, fresh} { // far keeps one
+			p.release(o, &lane{}, 0)
+			synctest.Wait()
+			got = append(got, <-granted)
+		}
+		if want := []*blobFetch{fresh, near, near}; !slices.Equal(got, want) {
+			name := map[*blobFetch]string{near: "near", far: "far", fresh: "fresh"}
+			t.Errorf("slots went to %v, want fresh (it held none), then near twice (10 MiB left, against 90)",
+				[]string{name[got[0]], name[got[1]], name[got[2]]})
+		}
+		p.release(near, &lane{}, 0) // far's waiter takes it, and the test ends
+		<-granted
+	})
+}
