@@ -52,8 +52,12 @@ func TestColdBlobFetchedOnce(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if n := e.counter.count("bytes " + layer.String()); n != len(want) {
-		t.Errorf("upstream bytes of the layer: got %d, want %d (fetched once)", n, len(want))
+	// Once: the blob's bytes, and at most the rest of a chunk asked for
+	// again at its end when the chunk's connection looked silent (a
+	// hedge, which a CPU-starved test run can set off), far from the
+	// twenty blobs' worth that twenty fetches would bring.
+	if n := e.counter.count("bytes " + layer.String()); n < len(want) || n > len(want)*5/4 {
+		t.Errorf("upstream bytes of the layer: got %d, want %d, or up to a quarter more (fetched once)", n, len(want))
 	}
 }
 
