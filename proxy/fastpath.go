@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/storage"
 )
 
 // A node pulling an image asks for layer after layer on one kept-alive
@@ -115,7 +117,7 @@ func (s *Server) takeOver(w http.ResponseWriter, r *http.Request) {
 // blobFDOpener is a BlobStore whose blobs are files the loop may send
 // with sendfile itself (see storage.Store.OpenBlobFD).
 type blobFDOpener interface {
-	OpenBlobFD(ctx context.Context, d digest.Digest) (fd int, size int64, err error)
+	OpenBlobFD(ctx context.Context, d digest.Digest) (storage.BlobFD, error)
 }
 
 // fastPath serves the connections taken over from net/http.
@@ -306,11 +308,12 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	if known, _ := s.members.IsMember(s.ctx, rt.up.Name(), rt.repo, d); !known {
 		return false // net/http asks the upstream whether it is there
 	}
-	fd, size, err := f.blobs.OpenBlobFD(s.ctx, d)
+	b, err := f.blobs.OpenBlobFD(s.ctx, d)
 	if err != nil {
 		return false // net/http fetches it, or says why it cannot be read
 	}
-	defer syscall.Close(fd)
+	defer b.Release()
+	fd, size := b.FD, b.Size
 	if !f.setBusy(c, true) {
 		return true // shutting down: setBusy(false) says so again and the loop ends
 	}

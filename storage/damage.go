@@ -88,6 +88,7 @@ func (s *Store) quarantine(d digest.Digest, fd int, why string) {
 	dst := filepath.Join(dir, string(d.Algorithm())+"-"+d.Encoded()+"-"+strconv.FormatInt(time.Now().Unix(), 10))
 	err := os.MkdirAll(dir, 0o755)
 	if err == nil {
+		s.fds.forget(d)
 		err = os.Rename(src, dst)
 	}
 	if err != nil && !errors.Is(err, os.ErrNotExist) {

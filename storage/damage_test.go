@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -75,11 +74,18 @@ func checkQuarantined(t *testing.T, s *Store, d digest.Digest, err error) {
 func TestBlobOfWrongSizeIsNotServed(t *testing.T) {
 	t.Parallel()
 	for _, how := range []string{"truncate", "grow"} {
-		for _, read := range []string{"OpenBlob", "OpenBlobFD", "StatBlob"} {
+		for _, read := range []string{"OpenBlob", "OpenBlobFD", "OpenBlobFD cached", "StatBlob"} {
 			t.Run(how+"/"+read, func(t *testing.T) {
 				t.Parallel()
 				s := openStore(t)
 				d := commitBlob(t, s, randomBytes(1, 4096))
+				if read == "OpenBlobFD cached" { // its descriptor kept open from a read before the damage
+					b, err := s.OpenBlobFD(t.Context(), d)
+					if err != nil {
+						t.Fatal(err)
+					}
+					b.Release()
+				}
 				damage(t, s, d, how)
 				var err error
 				switch read {
@@ -88,10 +94,10 @@ func TestBlobOfWrongSizeIsNotServed(t *testing.T) {
 					if f, _, err = s.OpenBlob(t.Context(), d); err == nil {
 						f.Close()
 					}
-				case "OpenBlobFD":
-					var fd int
-					if fd, _, err = s.OpenBlobFD(t.Context(), d); err == nil {
-						syscall.Close(fd)
+				case "OpenBlobFD", "OpenBlobFD cached":
+					var b BlobFD
+					if b, err = s.OpenBlobFD(t.Context(), d); err == nil {
+						b.Release()
 					}
 				case "StatBlob":
 					_, err = s.StatBlob(t.Context(), d)

@@ -192,6 +192,9 @@ func (s *Store) Evict(ctx context.Context, need int64) (EvictionRound, error) {
 		return round, err
 	}
 	open := openBlobs(s.blobs)
+	for d := range s.fds.idle() { // open only for the cache, which lets them go
+		delete(open, d.Encoded())
+	}
 	var chosen []evictionCandidate
 	var freed int64
 	for _, c := range candidates {
@@ -278,6 +281,7 @@ func (s *Store) evictBatch(batch []evictionCandidate) (int, int64, error) {
 		return 0, 0, fmt.Errorf("marking blobs to evict: %w", err)
 	}
 	for _, c := range batch {
+		s.fds.forget(c.d)
 		if err := os.Remove(s.blobPath(c.d)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			s.log.Warn("removing an evicted blob", "digest", c.d, "err", err)
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"syscall"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
@@ -38,10 +37,12 @@ func TestEvictLeastRecentlyUsed(t *testing.T) {
 	for _, tc := range []struct {
 		name                   string
 		open, pinned, manifest bool // the oldest blob is
+		cached                 bool // the oldest blob was read: its descriptor is cached, idle
 		evicted                []int
 	}{
 		{name: "oldest first", evicted: []int{0}},
 		{name: "open", open: true, evicted: []int{1}},
+		{name: "cached", cached: true, evicted: []int{0}},
 		{name: "pinned", pinned: true, evicted: []int{1}},
 		{name: "manifest", manifest: true, evicted: []int{1}},
 	} {
@@ -50,11 +51,18 @@ func TestEvictLeastRecentlyUsed(t *testing.T) {
 			s := openStore(t)
 			ds := putBlobs(t, s, 4, 300)
 			if tc.open {
-				fd, _, err := s.OpenBlobFD(t.Context(), ds[0])
+				b, err := s.OpenBlobFD(t.Context(), ds[0])
 				if err != nil {
 					t.Fatal(err)
 				}
-				defer syscall.Close(fd)
+				defer b.Release()
+			}
+			if tc.cached {
+				b, err := s.OpenBlobFD(t.Context(), ds[0])
+				if err != nil {
+					t.Fatal(err)
+				}
+				b.Release()
 			}
 			policy := EvictionPolicy{MaxBytes: 1000}
 			if tc.pinned {

@@ -59,6 +59,8 @@ type Store struct {
 	evictedBlobs atomic.Int64
 	evictedBytes atomic.Int64
 
+	fds *fdCache // descriptors of blobs served lately
+
 	space    func(path string) (free, total int64, err error) // diskSpace; tests replace it
 	spaceMu  sync.Mutex
 	reserved map[*Partial]struct{} // downloads whose bytes to come are reserved (see reserve)
@@ -100,7 +102,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{root: dir, blobs: filepath.Join(dir, "blobs"), db: db, log: cfg.log, space: diskSpace,
-		reserved: map[*Partial]struct{}{}, evictWake: make(chan struct{}, 1)}
+		reserved: map[*Partial]struct{}{}, evictWake: make(chan struct{}, 1), fds: newFDCache()}
 	if err := s.reconcilePartials(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -118,6 +120,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 
 // Close releases the metadata database. Partials still open are not committed.
 func (s *Store) Close() error {
+	s.fds.close()
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("closing metadata database: %w", err)
 	}
@@ -171,7 +174,10 @@ func isSHA256(d digest.Digest) bool {
 // OpenBlob opens a verified blob for reading. The caller closes the file.
 // It returns ErrNotFound when the store does not hold d.
 func (s *Store) OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64, error) {
-	fd, size, err := s.OpenBlobFD(ctx, d)
+	if err := validate(d); err != nil {
+		return nil, 0, err
+	}
+	fd, size, err := s.openChecked(d)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -179,13 +185,39 @@ func (s *Store) OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64,
 }
 
 // OpenBlobFD is OpenBlob for a caller that sends the file with sendfile
-// itself: it returns the bare descriptor, which the caller closes with
-// syscall.Close. For a small blob, an *os.File's set-up and tear-down (a
-// fcntl, a finalizer, the poller's bookkeeping) cost a tenth of a request.
-func (s *Store) OpenBlobFD(ctx context.Context, d digest.Digest) (fd int, size int64, err error) {
+// itself: it returns a bare descriptor, which may be shared (see BlobFD).
+// For a small blob, an *os.File's set-up and tear-down (a fcntl, a
+// finalizer, the poller's bookkeeping) cost a tenth of a request, and the
+// open and close another (see fdCache).
+func (s *Store) OpenBlobFD(ctx context.Context, d digest.Digest) (BlobFD, error) {
 	if err := validate(d); err != nil {
-		return -1, 0, err
+		return BlobFD{}, err
 	}
+	if c := s.fds.get(d); c != nil {
+		var st syscall.Stat_t
+		err := syscall.Fstat(c.fd, &st)
+		if err == nil {
+			err = s.checkSize(d, c.fd, st.Size)
+		} else {
+			err = fmt.Errorf("stat blob %s: %w", d, err)
+		}
+		if err != nil {
+			s.fds.forget(d)
+			s.fds.release(c)
+			return BlobFD{}, err
+		}
+		return BlobFD{FD: c.fd, Size: st.Size, c: s.fds, s: c}, nil
+	}
+	fd, size, err := s.openChecked(d)
+	if err != nil {
+		return BlobFD{}, err
+	}
+	return BlobFD{FD: fd, Size: size, c: s.fds, s: s.fds.add(d, fd)}, nil
+}
+
+// openChecked opens blob d's file and checks its size against the one
+// committed (see checkSize). The caller closes the descriptor.
+func (s *Store) openChecked(d digest.Digest) (fd int, size int64, err error) {
 	fd, size, err = openFD(s.blobPath(d))
 	if errors.Is(err, fs.ErrNotExist) {
 		return -1, 0, fmt.Errorf("blob %s: %w", d, ErrNotFound)
@@ -244,12 +276,12 @@ func (s *Store) StatBlob(ctx context.Context, d digest.Digest) (int64, error) {
 	}
 	if want, ok := s.recordedSize(d); ok && want != fi.Size() {
 		// Opened, it is checked and quarantined as any read would.
-		fd, size, err := s.OpenBlobFD(ctx, d)
+		b, err := s.OpenBlobFD(ctx, d)
 		if err != nil {
 			return 0, err
 		}
-		syscall.Close(fd)
-		return size, nil
+		b.Release()
+		return b.Size, nil
 	}
 	return fi.Size(), nil
 }
@@ -329,6 +361,7 @@ func (s *Store) placeFile(f *os.File, d digest.Digest, size int64) error {
 	if err := os.Rename(f.Name(), dst); err != nil {
 		return fmt.Errorf("committing %s: %w", d, err)
 	}
+	s.fds.forget(d) // a descriptor of a file this one replaced
 	return syncDir(dir)
 }
 
