@@ -46,11 +46,11 @@ import (
 // 223 MiB on the test machine) while the others still arrive, rather than
 // queueing those commits after the last byte, and a node's small blobs are
 // never held behind another's large one. Sharing evenly, the incident's two
-// largest layers completed within 0-0.2 s of each other, and a pull ended
-// 0.2-0.4 s after its last byte where containerd's own ended 0.15-0.2 s
-// after it; nearest-end-first, 2-3 s apart, and as soon after as
-// containerd's own (pullbench). Within a blob, the chunk a client waits for
-// is claimed first (see blobFetch.claim).
+// largest layers completed within 0-0.2 s of each other, and at 0 ms a
+// pull ended 0.2-0.3 s after its last byte where containerd's own ended
+// 0.15-0.2 s after it; nearest-end-first, 2-3 s apart, and as soon after
+// as containerd's own (pullbench). Within a blob, the chunk a client waits
+// for is claimed first (see blobFetch.claim).
 type pipe struct {
 	log      *slog.Logger
 	max      int
