@@ -43,6 +43,17 @@ type BlobWriter interface {
 // fetchBufferSize is the read size on the blob path, pooled per chunk.
 const fetchBufferSize = 256 << 10
 
+// Within tailSpan of a blob's end a chunk's bytes are written tailGather at
+// a time. There, a chunk whose connection goes silent has its rest asked
+// for again (see hedgeLocked) from its first byte not written, and what
+// the silent request holds for a larger write comes twice: with 256 KiB
+// held, through a carrier that stalls sessions a 51 MB image took up to
+// 1.024x its bytes from the upstream.
+const (
+	tailSpan   = 16 << 20
+	tailGather = 64 << 10
+)
+
 // FetchBlob writes blob d of repo into w as HTTP Range requests (chunks),
 // several at once, on connections that each carry at most the endpoint's
 // connection budget (see lane). A chunk cut short is re-requested from its
@@ -949,8 +960,12 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 	began := time.Now()
 	minRate, slowCheck := float64(f.r.fetch.MinGoodput), began.Add(slowAfter*f.r.fetch.StallTimeout)
 	off := start
+	tail := f.w.Size() - tailSpan // past it, writes are smaller (see tailGather)
 	for off < end {
 		want := min(int64(len(buf)), end-off)
+		if off >= tail {
+			want = min(want, tailGather)
+		}
 		n, err := gather(body, buf[:want])
 		if n > 0 {
 			if _, werr := f.w.WriteAt(buf[:n], off); werr != nil {
