@@ -126,13 +126,6 @@ func newBudget(cfg FetchConfig, log *slog.Logger, gauge prometheus.Gauge, cuts *
 	return b
 }
 
-// probingNow reports whether a probe is in flight.
-func (b *budget) probingNow() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.probing > 0
-}
-
 // get returns the current budget.
 func (b *budget) get() int64 {
 	b.mu.Lock()

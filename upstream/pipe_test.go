@@ -303,6 +303,11 @@ func TestPipeClosesParkedProbes(t *testing.T) {
 	}
 	b := newBudget(cfg, discardLogger, prometheus.NewGauge(prometheus.GaugeOpts{Name: "budget"}),
 		prometheus.NewCounterVec(prometheus.CounterOpts{Name: "cuts"}, []string{"kind"}))
+	probing := func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.probing > 0
+	}
 	allowance, probe := b.next(time.Now(), initialConnections)
 	if !probe {
 		t.Fatal("next: got no probe, want one")
@@ -332,7 +337,7 @@ func TestPipeClosesParkedProbes(t *testing.T) {
 	for _, l := range held { // the probe's lane first: the bottom of the idle stack
 		p.release(owner, l, 0)
 	}
-	if !b.probingNow() {
+	if !probing() {
 		t.Fatal("before the limit shrank: the probe settled already")
 	}
 	p.mu.Lock()
@@ -343,7 +348,7 @@ func TestPipeClosesParkedProbes(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.release(owner, l, 0)
-	if b.probingNow() {
+	if probing() {
 		t.Errorf("after a release below the smaller limit: the parked probe is still in flight")
 	}
 	if !probed.settled.Load() {
