@@ -381,24 +381,30 @@ func TestBlobLoopClientGoesAway(t *testing.T) {
 	}
 }
 
-// TestSendBlob sends a header and a file whole, and stops with an error at
-// the end of a file shorter than the size it was said to have (a damaged
-// store).
+// TestSendBlob sends a header and a file whole, from the page cache or not
+// (on Linux, sendfile from cached pages is made another way), and stops
+// with an error at the end of a file shorter than the size it was said to
+// have (a damaged store).
 func TestSendBlob(t *testing.T) {
-	content := randomBytes(t, 3<<20)
+	content := randomBytes(t, 10<<20+123) // more than one residency window, not in whole pages
 	name := t.TempDir() + "/blob"
 	if err := os.WriteFile(name, content, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, tt := range []struct {
-		name string
-		size int64
-		want error
+		name  string
+		size  int64
+		evict bool // drop the file from the page cache first
+		want  error
 	}{
-		{"whole", int64(len(content)), nil},
-		{"shorter than said", int64(len(content)) + 10, io.ErrUnexpectedEOF},
+		{"whole", int64(len(content)), false, nil},
+		{"whole, not in the page cache", int64(len(content)), true, nil},
+		{"shorter than said", int64(len(content)) + 10, false, io.ErrUnexpectedEOF},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.evict {
+				evictFromPageCache(t, name)
+			}
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)

@@ -3,8 +3,12 @@ package proxy
 import (
 	"io"
 	"net"
+	"os"
 	"syscall"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // sendBlob sends a response on the connection: hdr, then the first size
@@ -24,6 +28,7 @@ func sendBlob(tc *net.TCPConn, raw syscall.RawConn, hdr []byte, fd int, size int
 	}
 	var off int64
 	var err error
+	var cached residency
 	// With a timeout, a wait that follows progress returns to arm the
 	// deadline afresh first: one more sendfile, finding the buffer still
 	// full, per time the client lets it fill, and none for a response the
@@ -49,7 +54,7 @@ func sendBlob(tc *net.TCPConn, raw syscall.RawConn, hdr []byte, fd int, size int
 		}
 		for off < size {
 			var n int
-			n, err = syscall.Sendfile(int(s), fd, &off, int(min(size-off, 1<<30)))
+			n, err = cached.sendfile(int(s), fd, &off, size)
 			switch {
 			case err == syscall.EINTR:
 				continue
@@ -78,4 +83,70 @@ func sendBlob(tc *net.TCPConn, raw syscall.RawConn, hdr []byte, fd int, size int
 			return off, err
 		}
 	}
+}
+
+// residency tracks how much of a file ahead of the send offset is known to
+// be in the page cache, and where it was last checked.
+//
+// A sendfile of a large file to a fast client runs for tens of
+// microseconds a call, moving what the socket's buffer takes. Made as an
+// ordinary system call, that is long enough for the Go runtime's monitor
+// to find the thread still in it and hand its processor to another thread:
+// with a few such sends running, the monitor wakes every 20 µs and threads
+// are woken and put back to sleep around every call. Serving a 223 MiB
+// blob to four clients on loopback, the monitor woke about 19,000 times in
+// 4 s, and made raw, about 4,000, for 10-15% less CPU per request
+// (servebench's largest blob; nginx, one thread per process, pays none of
+// it).
+// A sendfile from pages in the page cache never waits (the socket is
+// non-blocking), so such a call is made raw, outside the scheduler's
+// view; a page to read from disk could take milliseconds, holding a
+// processor the others cannot use, so ranges not wholly cached go through
+// the scheduler as before. cachestat (Linux 6.5) says which; where it is
+// missing or refused, every call is an ordinary one.
+type residency struct {
+	rawEnd  int64 // the raw send may go up to here
+	checked int64 // the last check covered up to here
+}
+
+const (
+	// residencyWindow is how far ahead one check looks: a check counts the
+	// range's pages in the cache, a few microseconds per 8 MiB.
+	residencyWindow = 8 << 20
+	// residencyMin: sends with less than this left are short calls, which
+	// the monitor rarely finds in progress; not worth a check.
+	residencyMin = 1 << 20
+)
+
+// sendfile sends up to size-*off bytes of fd from *off on socket s,
+// advancing *off.
+func (r *residency) sendfile(s, fd int, off *int64, size int64) (int, error) {
+	if *off >= r.checked && size-*off >= residencyMin {
+		end := min(size, *off+residencyWindow)
+		r.checked, r.rawEnd = end, *off
+		if wholeCached(fd, *off, end) {
+			r.rawEnd = end
+		}
+	}
+	if *off < r.rawEnd {
+		n, _, e := syscall.RawSyscall6(syscall.SYS_SENDFILE, uintptr(s), uintptr(fd), uintptr(unsafe.Pointer(off)), uintptr(r.rawEnd-*off), 0, 0)
+		if e != 0 {
+			return 0, e
+		}
+		return int(n), nil
+	}
+	return syscall.Sendfile(s, fd, off, int(min(size-*off, 1<<30)))
+}
+
+// wholeCached reports whether every page of fd's bytes [start, end) is in
+// the page cache.
+func wholeCached(fd int, start, end int64) bool {
+	page := int64(os.Getpagesize())
+	first := start / page
+	pages := (end+page-1)/page - first
+	rng := unix.CachestatRange{Off: uint64(first * page), Len: uint64(pages * page)}
+	var st unix.Cachestat_t
+	// Raw too: it counts pages in the cache's index and never sleeps.
+	_, _, e := unix.RawSyscall6(unix.SYS_CACHESTAT, uintptr(fd), uintptr(unsafe.Pointer(&rng)), uintptr(unsafe.Pointer(&st)), 0, 0, 0)
+	return e == 0 && int64(st.Cache) >= pages
 }

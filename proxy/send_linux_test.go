@@ -1,0 +1,81 @@
+package proxy
+
+import (
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// evictFromPageCache writes name's pages to disk and drops them from the
+// page cache.
+func evictFromPageCache(t *testing.T, name string) {
+	t.Helper()
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWholeCached: a range is whole in the cache once read, not after its
+// pages were dropped, and never past the file's end.
+func TestWholeCached(t *testing.T) {
+	name := t.TempDir() + "/blob"
+	if err := os.WriteFile(name, randomBytes(t, 3<<20+100), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	var rng unix.CachestatRange
+	var st unix.Cachestat_t
+	if _, _, e := unix.RawSyscall6(unix.SYS_CACHESTAT, uintptr(fd), uintptr(unsafe.Pointer(&rng)), uintptr(unsafe.Pointer(&st)), 0, 0, 0); errors.Is(e, syscall.ENOSYS) {
+		t.Skip("cachestat needs Linux 6.5; without it every sendfile is an ordinary system call")
+	}
+	evictFromPageCache(t, name)
+	if wholeCached(fd, 0, 3<<20+100) {
+		t.Error("dropped pages count as cached")
+	}
+	if err := unix.Fadvise(fd, 0, 0, unix.FADV_RANDOM); err != nil { // no readahead past what is read
+		t.Fatal(err)
+	}
+	if _, err := f.ReadAt(make([]byte, 1<<20), 1<<20); err != nil { // pages 256-511
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		start, end int64
+		want       bool
+	}{
+		{1 << 20, 2 << 20, true},
+		{1<<20 + 5, 2<<20 - 5, true},
+		{1<<20 - 1, 2 << 20, false},
+		{1 << 20, 2<<20 + 1, false},
+		{0, 3<<20 + 100, false},
+	} {
+		if got := wholeCached(fd, tt.start, tt.end); got != tt.want {
+			t.Errorf("wholeCached(%d, %d) = %v, want %v", tt.start, tt.end, got, tt.want)
+		}
+	}
+	if _, err := f.ReadAt(make([]byte, 3<<20+100), 0); err != nil {
+		t.Fatal(err)
+	}
+	if !wholeCached(fd, 0, 3<<20+100) {
+		t.Error("a file read whole is not whole in the cache")
+	}
+	if wholeCached(fd, 0, 3<<20+100+int64(os.Getpagesize())) {
+		t.Error("a range past the file's end counts as cached")
+	}
+}
