@@ -87,8 +87,7 @@ func (s *Server) Shutdown(ctx context.Context, hs *http.Server) error {
 func (s *Server) takeOver(w http.ResponseWriter, r *http.Request) {
 	f := s.fast.Load()
 	ci, _ := r.Context().Value(connKey{}).(*connInfo)
-	if f == nil || ci == nil || r.ProtoMajor != 1 || r.ProtoMinor != 1 || r.Close ||
-		r.ContentLength != 0 || r.TransferEncoding != nil {
+	if f == nil || ci == nil || !loopCanTake(r) {
 		return
 	}
 	// Hijack sends what net/http has buffered of the response's header,
@@ -112,6 +111,13 @@ func (s *Server) takeOver(w http.ResponseWriter, r *http.Request) {
 		pending = append(pending, bc.pending...)
 	}
 	f.serve(ci, pending)
+}
+
+// loopCanTake reports whether the connection of r can go on to the blob
+// loop once r is answered: an HTTP/1.1 request, without a body, that does
+// not close it.
+func loopCanTake(r *http.Request) bool {
+	return r.ProtoMajor == 1 && r.ProtoMinor == 1 && !r.Close && r.ContentLength == 0 && r.TransferEncoding == nil
 }
 
 // blobFDOpener is a BlobStore whose blobs are files the loop may send

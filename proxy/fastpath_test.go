@@ -177,6 +177,39 @@ func TestBlobLoopAnswersAsNetHTTP(t *testing.T) {
 	}
 }
 
+// TestLargeBlobFirstOnAConnection: a stored blob of loopSendMin or more,
+// the first request on its connection, is sent as the loop sends it, with
+// net/http's header, counted as net/http counts it; the connection then
+// goes on to the loop, and answers as before.
+func TestLargeBlobFirstOnAConnection(t *testing.T) {
+	e, p, content := cachedBlob(t, loopSendMin+300<<10)
+	head, _ := e.get(http.MethodHead, p, nil) // its connection goes on to the loop
+	waitOnLoop(t, e.proxy, 1)
+	cc := dialProxy(t, e.proxy)
+	for i := range 2 {
+		cc.send(request("GET", p))
+		resp, body := cc.response("GET")
+		if resp.StatusCode != http.StatusOK || !bytes.Equal(body, content) || resp.Close {
+			t.Fatalf("GET %d: %s, %d bytes, closes: %v", i, resp.Status, len(body), resp.Close)
+		}
+		for _, h := range []http.Header{resp.Header, head.Header} {
+			h.Del("Date")
+		}
+		if !equalHeaders(resp.Header, head.Header) {
+			t.Errorf("GET %d answers\n%v\nHEAD answered\n%v", i, resp.Header, head.Header)
+		}
+		waitOnLoop(t, e.proxy, 2)
+	}
+	want := float64(3 * len(content)) // with the GET that cached it
+	for deadline := time.Now().Add(5 * time.Second); testutil.ToFloat64(e.srv.metrics.served["cache"]) < want-float64(len(content)) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	got := testutil.ToFloat64(e.srv.metrics.served["cache"]) + testutil.ToFloat64(e.srv.metrics.served["download"])
+	if got != want {
+		t.Errorf("%v bytes served counted, want %v", got, want)
+	}
+}
+
 func equalHeaders(a, b http.Header) bool {
 	if len(a) != len(b) {
 		return false
