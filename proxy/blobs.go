@@ -49,12 +49,12 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 			} else {
 				vals[2] = strconv.FormatInt(size, 10)
 				h["Content-Length"] = vals[2:3:3]
-				if rw, ok := w.(*responseRecorder); ok && s.sendStoredForLoop(rw, r, f, size) {
-					// answered as the blob loop answers
-				} else if sendStored(tw, r, f, size) {
-					if rw, ok := w.(*responseRecorder); ok {
-						rw.whole = true
-					}
+				rw, _ := w.(*responseRecorder)
+				switch {
+				case rw != nil && s.sendStoredForLoop(rw, r, f, size):
+					// sent as the blob loop sends, which takes the connection next
+				case sendStored(tw, r, f, size) && rw != nil:
+					rw.whole = true
 				}
 			}
 			sent()
