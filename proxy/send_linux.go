@@ -105,8 +105,8 @@ func sendBlob(tc *net.TCPConn, raw syscall.RawConn, hdr []byte, fd int, size int
 // the scheduler as before. cachestat (Linux 6.5) says which; where it is
 // missing or refused, every call is an ordinary one.
 type residency struct {
-	rawEnd  int64 // the raw send may go up to here
 	checked int64 // the last check covered up to here
+	cached  bool  // and found it all in the page cache
 }
 
 const (
@@ -123,13 +123,10 @@ const (
 func (r *residency) sendfile(s, fd int, off *int64, size int64) (int, error) {
 	if *off >= r.checked && size-*off >= residencyMin {
 		end := min(size, *off+residencyWindow)
-		r.checked, r.rawEnd = end, *off
-		if wholeCached(fd, *off, end) {
-			r.rawEnd = end
-		}
+		r.checked, r.cached = end, wholeCached(fd, *off, end)
 	}
-	if *off < r.rawEnd {
-		n, _, e := syscall.RawSyscall6(syscall.SYS_SENDFILE, uintptr(s), uintptr(fd), uintptr(unsafe.Pointer(off)), uintptr(r.rawEnd-*off), 0, 0)
+	if r.cached && *off < r.checked {
+		n, _, e := syscall.RawSyscall6(syscall.SYS_SENDFILE, uintptr(s), uintptr(fd), uintptr(unsafe.Pointer(off)), uintptr(r.checked-*off), 0, 0)
 		if e != 0 {
 			return 0, e
 		}
