@@ -95,7 +95,7 @@ func sendBlob(tc *net.TCPConn, raw syscall.RawConn, hdr []byte, fd int, size int
 // with a few such sends running, the monitor wakes every 20 µs and threads
 // are woken and put back to sleep around every call. Serving a 223 MiB
 // blob to four clients on loopback, the monitor woke about 19,000 times in
-// 4 s, and made raw, about 4,000, for 10-15% less CPU per request
+// 4 s, and made raw, about 4,000, for 5-16% less CPU per request
 // (servebench's largest blob; nginx, one thread per process, pays none of
 // it).
 // A sendfile from pages in the page cache never waits (the socket is
