@@ -179,6 +179,12 @@ type Stats struct {
 	// the last response body ended, as handshakes and headers are smaller
 	// (zero: none yet).
 	FirstDown, LastData time.Time
+	// Unused is how long the bandwidth cap went unused between FirstDown and
+	// LastData: the bytes it would have let through that no session was
+	// there to send, as time at the cap. Gaps shorter than the bucket's
+	// depth (burstTime) are not counted: the bucket absorbs them. Zero
+	// without a cap.
+	Unused time.Duration
 }
 
 const (
@@ -211,6 +217,7 @@ type Relay struct {
 	nSessions, nCut, bytesDown, bytesUp atomic.Int64
 	open, peakOpen                      atomic.Int64
 	firstDown, lastData                 atomic.Int64 // UnixNano; 0: none yet
+	unusedAtFirst, unusedAtLast         atomic.Int64 // the limiter's unused bytes then
 }
 
 // Start validates cfg, listens on 127.0.0.1 on a free port and starts
@@ -283,6 +290,7 @@ func (r *Relay) Stats() Stats {
 		BytesUp:   r.bytesUp.Load(),
 		FirstDown: unixNano(r.firstDown.Load()),
 		LastData:  unixNano(r.lastData.Load()),
+		Unused:    r.lim.asTime(r.unusedAtLast.Load() - r.unusedAtFirst.Load()),
 	}
 }
 
@@ -492,9 +500,12 @@ func (s *session) down() {
 		if w > 0 {
 			r.bytesDown.Add(int64(w))
 			now := time.Now().UnixNano()
-			r.firstDown.CompareAndSwap(0, now)
+			if r.firstDown.CompareAndSwap(0, now) {
+				r.unusedAtFirst.Store(r.lim.unusedBytes())
+			}
 			if w >= dataWrite {
 				r.lastData.Store(now)
+				r.unusedAtLast.Store(r.lim.unusedBytes())
 			}
 		}
 		return err
@@ -634,6 +645,7 @@ type limiter struct {
 	burst  float64 // bucket depth in bytes
 	tokens float64
 	last   time.Time
+	unused float64 // bytes the bucket overflowed with: the cap's capacity no one used
 }
 
 func (l *limiter) init(bps int64) {
@@ -658,9 +670,30 @@ func (l *limiter) setRateLocked(bps int64) {
 // advance refills the bucket up to now. l.mu must be held.
 func (l *limiter) advance(now time.Time) {
 	if l.rate > 0 {
-		l.tokens = min(l.tokens+now.Sub(l.last).Seconds()*l.rate, l.burst)
+		full := l.tokens + now.Sub(l.last).Seconds()*l.rate
+		l.unused += max(0, full-l.burst)
+		l.tokens = min(full, l.burst)
 	}
 	l.last = now
+}
+
+// unusedBytes returns the capacity unused so far, brought up to now.
+func (l *limiter) unusedBytes() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.advance(time.Now())
+	return int64(l.unused)
+}
+
+// asTime converts n bytes to the time the cap takes to carry them; 0
+// without a cap.
+func (l *limiter) asTime(n int64) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.rate == 0 {
+		return 0
+	}
+	return time.Duration(float64(n) / l.rate * float64(time.Second))
 }
 
 func (l *limiter) setRate(bps int64) {

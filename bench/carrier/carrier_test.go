@@ -553,3 +553,34 @@ func BenchmarkUnlimited(b *testing.B) {
 		}
 	}
 }
+
+// TestLimiterUnused: the cap's capacity that no waiter took, beyond what
+// the bucket holds, counts as unused; a gap the bucket absorbs does not.
+func TestLimiterUnused(t *testing.T) {
+	const rate = 1_000_000 // bytes/s; the bucket holds minBurst (64 KiB), 65.5 ms of it
+	var l limiter
+	l.init(rate)
+	start := l.last
+	at := func(d time.Duration) time.Time { return start.Add(d) }
+	steps := []struct {
+		name   string
+		at     time.Duration
+		take   float64 // bytes a waiter reserves then
+		unused int64   // the unused total after the step
+	}{
+		{"full bucket, idle 100 ms", 100 * time.Millisecond, 64 << 10, 100_000},
+		{"emptied, idle 50 ms: absorbed", 150 * time.Millisecond, 0, 100_000},
+		// 100 ms since it was emptied: 100 kB, 65,536 of them in the bucket.
+		{"idle 50 ms more", 200 * time.Millisecond, 0, 100_000 + 34_464},
+	}
+	for _, st := range steps {
+		l.advance(at(st.at))
+		l.tokens -= st.take
+		if got := int64(l.unused + 0.5); got != st.unused {
+			t.Errorf("%s: unused %d bytes, want %d", st.name, got, st.unused)
+		}
+	}
+	if got, want := l.asTime(100_000), 100*time.Millisecond; got != want {
+		t.Errorf("asTime(100 kB) at 1 MB/s: got %v, want %v", got, want)
+	}
+}

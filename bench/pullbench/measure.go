@@ -22,8 +22,9 @@ type sample struct {
 	// head runs from the pull's start to the first byte the carrier carried
 	// from the registry, tail from the end of the last body it carried to
 	// the pull's end: the time spent outside the transfer itself (a
-	// whole-image pull's only).
-	head, tail float64
+	// whole-image pull's only). unused is how long the path's cap went
+	// unused between them (see carrier.Stats.Unused).
+	head, tail, unused float64
 }
 
 // measurement is one row of the table, measured cfg.Runs times.
@@ -49,6 +50,7 @@ type result struct {
 	PeakRSSMiB    *benchrun.Summary `json:"peak_rss_mib,omitempty"`                         // pullproxy's peak resident memory
 	Head          *benchrun.Summary `json:"head_seconds,omitempty"`                         // the pull's start to the registry's first byte across the carrier
 	Tail          *benchrun.Summary `json:"tail_seconds,omitempty"`                         // the end of the last body across the carrier to the pull's end
+	Unused        *benchrun.Summary `json:"unused_seconds,omitempty"`                       // the carrier's cap unused between head and tail, as time at the cap
 	Direct        *series           `json:"direct_attempts,omitempty"`                      // the direct pull across the carrier
 	Error         string            `json:"error,omitempty"`                                // why the measurement stopped
 }
@@ -168,6 +170,7 @@ func (b *bench) measure(ctx context.Context, m measurement) result {
 	if m.overLink && m.wholeImage && samples[0].tail != 0 {
 		r.Head = summarise(samples, func(s sample) float64 { return s.head })
 		r.Tail = summarise(samples, func(s sample) float64 { return s.tail })
+		r.Unused = summarise(samples, func(s sample) float64 { return s.unused })
 	}
 	logResult(r)
 	return r

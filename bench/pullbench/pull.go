@@ -137,7 +137,7 @@ func (b *bench) direct(ctx context.Context, prob float64, rtt time.Duration) (sa
 	st := path.Stats()
 	head, tail := f.around(st)
 	return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes), peakConns: float64(st.PeakOpen),
-		head: head, tail: tail}, nil
+		head: head, tail: tail, unused: st.Unused.Seconds()}, nil
 }
 
 // attempt is one direct pull across the carrier with resets.
@@ -226,7 +226,7 @@ func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, prob float64, r
 		st := path.Stats()
 		head, tail := f.around(st)
 		return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes),
-			rssMiB: p.PeakRSSMiB(), peakConns: float64(st.PeakOpen), head: head, tail: tail}, nil
+			rssMiB: p.PeakRSSMiB(), peakConns: float64(st.PeakOpen), head: head, tail: tail, unused: st.Unused.Seconds()}, nil
 	}
 	before := path.Stats().BytesDown
 	if f, err = b.pull(ctx, p.Addr, mirrorHosts); err != nil {

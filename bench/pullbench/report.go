@@ -27,8 +27,10 @@ func printTable(w io.Writer, rep report) {
 		"TLS. Runs per measurement: %d. Times are measured by pullbench: a containerd pull from ctr's first "+
 		"connection to ctr's exit, the other rows from the first request to the last byte received. "+
 		"\"Of the link\" is the image's bytes over the median time, as a share of the cap (computed, not measured). "+
-		"\"Head / tail\": from the pull's start to the first byte the carrier carried from the registry, and from "+
-		"the end of the last response body it carried (its last write of 8 KiB or more) to the pull's end (medians).\n\n",
+		"\"Head / unused / tail\": from the pull's start to the first byte the carrier carried from the registry; "+
+		"how long the cap went unused between that and the end of the last response body it carried (no session "+
+		"had bytes to send for longer than the cap's 4 ms bucket: the capacity the client side left idle); and from "+
+		"that end (its last write of 8 KiB or more) to the pull's end (medians).\n\n",
 		len(cfg.LayerSizes), float64(rep.ImageBytes)/mib, cfg.CutProb*100, float64(cfg.CutMin)/1e6,
 		float64(cfg.CutMax)/1e6, float64(cfg.Bandwidth)/1e6, cfg.SetupRTTs, cfg.Runs)
 	if cfg.Replicas {
@@ -43,7 +45,7 @@ func printTable(w io.Writer, rep report) {
 	}
 	n := cfg.Runs
 	fmt.Fprintf(w, "| RTT | measurement | time, median of %d | time, worst of %d | median time / clean direct median "+
-		"| of the link | upstream bytes / needed, worst of %d | peak sessions, worst of %d | peak RSS, worst of %d | head / tail | note |\n",
+		"| of the link | upstream bytes / needed, worst of %d | peak sessions, worst of %d | peak RSS, worst of %d | head / unused / tail | note |\n",
 		n, n, n, n, n)
 	fmt.Fprintln(w, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, r := range rep.Results {
@@ -79,7 +81,7 @@ func row(r result) []string {
 		cells[8] = fmt.Sprintf("%.0f MiB", r.PeakRSSMiB.Worst)
 	}
 	if r.Head != nil && r.Tail != nil {
-		cells[9] = fmt.Sprintf("%.2f / %.2f s", r.Head.Median, r.Tail.Median)
+		cells[9] = fmt.Sprintf("%.2f / %.2f / %.2f s", r.Head.Median, r.Unused.Median, r.Tail.Median)
 	}
 	return cells
 }
