@@ -145,20 +145,30 @@ func (d *chunkDialer) open(ctx context.Context, network string, key dialKey) (ne
 		c = tc
 	}
 	took := time.Since(start)
-	this := max(took, 1) // 0 marks none seen in setupTimes
 	d.mu.Lock()
 	if prev, ok := d.setup[key]; ok {
-		took = (3*prev + took) / 4
+		d.setup[key] = (3*prev + took) / 4
+	} else {
+		d.setup[key] = took
 	}
-	d.setup[key] = took
+	d.mu.Unlock()
+	d.noteSetup(key, took)
+	return c, nil
+}
+
+// noteSetup records that opening a connection to key (TCP, and TLS for
+// https) took took: the chunks' own, and the metadata client's, which
+// opens the first connections to an endpoint, for its manifests, before any
+// chunk (see metaTransport).
+func (d *chunkDialer) noteSetup(key dialKey, took time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	r := d.recent[key]
 	if r == nil {
 		r = &setupTimes{}
 		d.recent[key] = r
 	}
-	r.add(this, time.Now())
-	d.mu.Unlock()
-	return c, nil
+	r.add(max(took, 1), time.Now()) // 0 marks none seen in setupTimes
 }
 
 // shortestSetup returns the least time opening a connection to key took

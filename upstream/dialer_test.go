@@ -98,3 +98,43 @@ func TestSetupTimesKeepsTheLeast(t *testing.T) {
 		}
 	}
 }
+
+// TestMetadataSetupTellsThePath: the set-up of the metadata client's
+// connections (TCP, and TLS for https) is what the chunk pipe knows of the
+// path before its first chunk (see pipe.startShortLocked).
+func TestMetadataSetupTellsThePath(t *testing.T) {
+	t.Parallel()
+	manifest := []byte(`{"schemaVersion":2}`)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+		w.Write(manifest)
+	})
+	for _, secure := range []bool{false, true} {
+		name := map[bool]string{false: "http", true: "https"}[secure]
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			srv := httptest.NewUnstartedServer(handler)
+			var opts []Option
+			if secure {
+				srv.StartTLS()
+				pool := x509.NewCertPool()
+				pool.AddCert(srv.Certificate())
+				opts = append(opts, WithTLSConfig(&tls.Config{RootCAs: pool}))
+			} else {
+				srv.Start()
+			}
+			t.Cleanup(srv.Close)
+			r := newFetchRegistry(t, FetchConfig{}, []string{srv.URL}, opts...)
+			ep := r.endpoints[0]
+			if got := ep.pipe.setup(); got != 0 {
+				t.Fatalf("set-up known before any connection: %v", got)
+			}
+			if _, _, err := r.GetManifest(t.Context(), "org/app", "latest", nil); err != nil {
+				t.Fatalf("GetManifest: %v", err)
+			}
+			if got := ep.pipe.setup(); got <= 0 {
+				t.Errorf("set-up after a manifest: got %v, want it known", got)
+			}
+		})
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,9 @@ type metaTransport struct {
 	meter   *meter                 // nil with a caller's own RoundTripper: no byte counts
 	retries *prometheus.CounterVec // by reason, curried with the upstream
 	log     *slog.Logger
+	// noteSetup is told how long opening each new connection took; nil:
+	// not wanted.
+	noteSetup func(dialKey, time.Duration)
 }
 
 // newMetaTransport returns the transport of r's metadata client over base.
@@ -65,6 +69,9 @@ func (r *Registry) newMetaTransport(base http.RoundTripper) *metaTransport {
 		return mt // a caller's own RoundTripper: used as it is, with retries
 	}
 	mt.meter = newMeter(r.endpoints, r.fetch.MinConnectionBudget)
+	if r.dialer != nil {
+		mt.noteSetup = r.dialer.noteSetup
+	}
 	mt.pooled = mt.meter.transport(t, true, r.targets.guard)
 	mt.fresh = mt.meter.transport(t, false, r.targets.guard)
 	return mt
@@ -114,7 +121,7 @@ func (t *metaTransport) try(req *http.Request, rt http.RoundTripper) (*http.Resp
 	var on connTrace
 	sent := req
 	if t.meter != nil {
-		sent = req.WithContext(httptrace.WithClientTrace(req.Context(), on.trace()))
+		sent = req.WithContext(httptrace.WithClientTrace(req.Context(), on.trace(req.URL, t.noteSetup)))
 	}
 	resp, err := rt.RoundTrip(sent)
 	if err != nil {
@@ -206,8 +213,52 @@ func readAhead(method string, resp *http.Response) error {
 // byte of the request is written.
 type connTrace struct{ conn *meteredConn }
 
-func (c *connTrace) trace() *httptrace.ClientTrace {
-	return &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { c.conn = metered(info.Conn) }}
+// trace returns the hooks that record the connection a request went out
+// on and, with note, how long opening a new one took (see setupClock).
+func (c *connTrace) trace(u *url.URL, note func(dialKey, time.Duration)) *httptrace.ClientTrace {
+	t := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { c.conn = metered(info.Conn) }}
+	if note != nil {
+		clock := &setupClock{key: keyOf(u), note: note}
+		t.ConnectStart = clock.connectStart
+		if clock.key.secure {
+			t.TLSHandshakeDone = func(_ tls.ConnectionState, err error) { clock.done(err) }
+		} else {
+			t.ConnectDone = func(_, _ string, err error) { clock.done(err) }
+		}
+	}
+	return t
+}
+
+// setupClock times the set-up of a connection a metadata request opens,
+// from its first connect to the end of its TLS handshake (its connect, for
+// http), and passes it to note. The metadata client opens an endpoint's
+// first connections, for the manifests a pull starts with: its set-ups tell
+// the chunk pipe how long the path is before the first chunk goes out (see
+// pipe.startLocked). The hooks run on net/http's dialling goroutine, which
+// may outlive the request.
+type setupClock struct {
+	key  dialKey
+	note func(dialKey, time.Duration)
+
+	mu    sync.Mutex
+	start time.Time
+}
+
+func (s *setupClock) connectStart(string, string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.start.IsZero() { // the first of parallel attempts (IPv4 and IPv6)
+		s.start = time.Now()
+	}
+}
+
+func (s *setupClock) done(err error) {
+	s.mu.Lock()
+	start := s.start
+	s.mu.Unlock()
+	if err == nil && !start.IsZero() {
+		s.note(s.key, time.Since(start))
+	}
 }
 
 func metered(c net.Conn) *meteredConn {

@@ -143,6 +143,11 @@ func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, fligh
 // returns errFinished, without a lane, once owner's blob is complete.
 func (p *pipe) acquire(ctx context.Context, owner *blobFetch) (*lane, error) {
 	p.mu.Lock()
+	if p.winStart.IsZero() && p.startShortLocked() {
+		// Logged on the way out, the lock released.
+		defer p.log.Debug("chunk connection limit changed", "from", initialConnections, "to", p.limit,
+			"why", "a short path: starting with fewer connections", "setup", p.setup())
+	}
 	if p.inflight < p.limit && len(p.waiters) == 0 {
 		l := p.grantLocked(owner)
 		p.mu.Unlock()
@@ -381,6 +386,24 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 		p.growLocked(step)
 		return "goodput rose with the limit", rate
 	}
+}
+
+// startShortLocked takes the limit straight to minTrimmed before the
+// endpoint's first chunk when the path is already known to be short: the
+// metadata client opened the first connections, for the manifests (see
+// setupClock). It reports whether it did. The growth that follows takes
+// the limit up again if the path wants more. Starting at initialConnections
+// on a short path instead, a cold pull opened some 30 connections at once,
+// each a TLS handshake at both ends, and left the path idle for 40-90 ms
+// while they went through (pullbench, at 0 ms).
+func (p *pipe) startShortLocked() bool {
+	if p.shortTried || p.limit <= minTrimmed || !p.shortLocked() {
+		return false
+	}
+	p.shortTried = true
+	p.limit = minTrimmed
+	p.limitG.Set(float64(p.limit))
+	return true
 }
 
 // shortFirstLocked reports whether the limit goes straight to minTrimmed:

@@ -229,6 +229,49 @@ func TestPipeShortPathStartsFew(t *testing.T) {
 	}
 }
 
+// TestPipeStartsAShortPathWithFew: before its first chunk, a pipe to a path
+// known to be short (its metadata connections opened quickly) goes to
+// minTrimmed connections; to a long one, or one not known yet, it opens
+// initialConnections.
+func TestPipeStartsAShortPathWithFew(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		setup time.Duration // 0: none seen yet
+		want  int
+	}{
+		{"short path", time.Millisecond, minTrimmed},
+		{"long path", 200 * time.Millisecond, initialConnections},
+		{"not known yet", 0, initialConnections},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := newTestPipe(64)
+			p.setup = func() time.Duration { return tt.setup }
+			owner := &blobFetch{finished: make(chan struct{})}
+			l, err := p.acquire(t.Context(), owner)
+			if err != nil {
+				t.Fatalf("acquire: %v", err)
+			}
+			if got := p.current(); got != tt.want {
+				t.Errorf("limit at the first chunk: got %v, want %v", got, tt.want)
+			}
+			p.release(owner, l, time.Millisecond)
+			// Only the first chunk decides: a path found short later is
+			// left to the measurements.
+			p.setup = func() time.Duration { return time.Millisecond }
+			if l, err = p.acquire(t.Context(), owner); err != nil {
+				t.Fatalf("acquire: %v", err)
+			}
+			if got := p.current(); got != tt.want {
+				t.Errorf("limit at the second chunk: got %v, want %v", got, tt.want)
+			}
+			p.release(owner, l, time.Millisecond)
+		})
+	}
+}
+
 // TestPipeWaitEndsWithTheBlob: a worker waiting for a lane stops waiting,
 // and takes none, once its blob is complete.
 func TestPipeWaitEndsWithTheBlob(t *testing.T) {
