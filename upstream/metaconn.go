@@ -234,7 +234,7 @@ func (c *connTrace) trace(u *url.URL, note func(dialKey, time.Duration)) *httptr
 // http), and passes it to note. The metadata client opens an endpoint's
 // first connections, for the manifests a pull starts with: its set-ups tell
 // the chunk pipe how long the path is before the first chunk goes out (see
-// pipe.startLocked). The hooks run on net/http's dialling goroutine, which
+// pipe.startShortLocked). The hooks run on net/http's dialling goroutine, which
 // may outlive the request.
 type setupClock struct {
 	key  dialKey

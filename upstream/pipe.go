@@ -143,9 +143,9 @@ func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, fligh
 // returns errFinished, without a lane, once owner's blob is complete.
 func (p *pipe) acquire(ctx context.Context, owner *blobFetch) (*lane, error) {
 	p.mu.Lock()
-	if p.winStart.IsZero() && p.startShortLocked() {
+	if from := p.limit; p.winStart.IsZero() && p.startShortLocked() {
 		// Logged on the way out, the lock released.
-		defer p.log.Debug("chunk connection limit changed", "from", initialConnections, "to", p.limit,
+		defer p.log.Debug("chunk connection limit changed", "from", from, "to", p.limit,
 			"why", "a short path: starting with fewer connections", "setup", p.setup())
 	}
 	if p.inflight < p.limit && len(p.waiters) == 0 {
