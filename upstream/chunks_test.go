@@ -11,8 +11,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -367,6 +369,96 @@ func TestFetchBlobHedgesASilentEnd(t *testing.T) {
 	if got := metricValue(t, reg, "pullproxy_upstream_connection_cuts_total", labels); got != 0 {
 		t.Errorf("pullproxy_upstream_connection_cuts_total{kind=stall}: got %v, want 0", got)
 	}
+}
+
+// TestFetchBlobHedgeRaceEndsEarly: the only chunk in flight goes silent,
+// its rest is asked for again, and the silent answer then resumes, so that
+// two requests race for the same bytes. The one behind ends as soon as it
+// finds its next bytes written (counted as overtaken), instead of both
+// bringing the rest: the upstream sends the blob's bytes about once.
+func TestFetchBlobHedgeRaceEndsEarly(t *testing.T) {
+	t.Parallel()
+	const (
+		size    = chunkTarget + minChunk // shared by the two workers
+		stallAt = 64 << 10
+		piece   = 16 << 10
+	)
+	blob := randomBlob(size)
+	var (
+		gets      atomic.Int32
+		silentEnd atomic.Int64
+		sent      atomic.Int64
+		hedged    = make(chan struct{})
+		hedgeOnce sync.Once
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		if r.Method != http.MethodGet {
+			return
+		}
+		gets.Add(1)
+		start, end, ok := parseRangeHeader(r.Header.Get("Range"))
+		if !ok {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		if end < 0 || end > size {
+			end = size
+		}
+		// The answer from byte 0 goes silent; a request within its range
+		// after that is its rest asked for again.
+		silent := start == 0
+		if start >= stallAt && start < silentEnd.Load() {
+			hedgeOnce.Do(func() { close(hedged) })
+		}
+		if silent {
+			silentEnd.Store(end)
+		}
+		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, end-1, size))
+		w.Header().Set("Content-Length", strconv.FormatInt(end-start, 10))
+		w.WriteHeader(http.StatusPartialContent)
+		// Paced, so that what the socket buffers hold stays small next to
+		// what a request that read on to the end would bring twice.
+		for off := start; off < end; off += piece {
+			if silent && off == stallAt {
+				select { // silent until the rest is asked for again
+				case <-hedged:
+				case <-r.Context().Done():
+					return
+				}
+			}
+			n, err := w.Write(blob[off:min(off+piece, end)])
+			sent.Add(int64(n))
+			if err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			time.Sleep(time.Millisecond)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	m, reg := newTestMetrics(t)
+	cfg := fixedBudget(size, 2)
+	cfg.StallTimeout = time.Minute
+	r := newFetchRegistry(t, cfg, []string{srv.URL}, WithMetrics(m))
+	w := newMemBlobWriter(-1)
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+		t.Fatalf("got %v, want no error", err)
+	}
+	checkBlob(t, w, blob)
+	if got := gets.Load(); got != 3 {
+		t.Fatalf("GETs: got %d, want three (two chunks, and the silent one's rest asked for again)", got)
+	}
+	// Without the early end, the race sends the 0.7 MiB after the stall
+	// twice.
+	if got, most := sent.Load(), int64(size+256<<10); got > most {
+		t.Errorf("bytes sent: got %d, want at most %d (the blob, and what the requests held when one overtook the other)", got, most)
+	}
+	labels := map[string]string{"upstream": testUpstream, "endpoint": host(srv), "result": "overtaken"}
+	if got := metricValue(t, reg, "pullproxy_upstream_chunks_total", labels); got != 1 {
+		t.Errorf("pullproxy_upstream_chunks_total{result=overtaken}: got %v, want 1", got)
+	}
+	t.Logf("bytes sent: %d for a %d-byte blob (%.3fx)", sent.Load(), size, float64(sent.Load())/size)
 }
 
 // TestFetchBlobRangeIgnored: an upstream that answers every range with the

@@ -161,6 +161,7 @@ type blobFetch struct {
 	warned    bool          // the size disagreement was logged
 
 	workers      int           // fetching chunks at once at most
+	hedges       atomic.Int32  // chunks claimed again (see hedgeLocked): requests may race for the same bytes
 	size         atomic.Int64  // the blob's size once known, for left; 0: not yet
 	written      atomic.Int64  // bytes written, a re-sent byte again
 	finished     chan struct{} // closed once every byte is written: workers waiting for a lane or a retry end
@@ -519,9 +520,10 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 // stall_timeout would tell only seconds later, with the blob's end, its
 // commit and the client's last bytes waiting on it. Whichever brings the
 // bytes first writes them (the writer takes each byte once), and the other
-// request ends with the blob (see checkFinished). Bytes the silent request
-// received but still holds for a larger write (see gather) are asked for
-// again. Called with f.mu held.
+// request ends as soon as it finds the bytes it would write next already
+// written (see copyBody). Bytes the silent request received but still holds
+// for a larger write (see gather) are asked for again. Called with f.mu
+// held.
 func (f *blobFetch) hedgeLocked(now time.Time) (chunk, bool) {
 	after := f.hedgeAfter()
 	for i := range f.inflight {
@@ -540,6 +542,7 @@ func (f *blobFetch) hedgeLocked(now time.Time) (chunk, bool) {
 			continue
 		}
 		s.hedged = true
+		f.hedges.Add(1)
 		f.inflight = append(f.inflight, claimed{span: span{missing, s.end}, seen: missing, seenAt: now})
 		return chunk{start: missing, end: s.end}, true
 	}
@@ -741,10 +744,20 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 	if plan.last {
 		ahead = f.warmupFor(resp.Request)
 	}
-	n, err := f.copyBody(ctx, resp.Body, start, end, ahead)
+	n, err := f.copyBody(ctx, resp.Body, start, end, resp.StatusCode == http.StatusPartialContent, ahead)
 	// A stream restarted from byte 0 re-sends bytes already held: only those
 	// past the chunk's start are progress.
 	fresh := max(0, start+n-c.start)
+	if errors.Is(err, errOvertaken) {
+		// Its connection closes with the unread answer: no evidence about
+		// the path, and no cut.
+		chunks.WithLabelValues("overtaken").Inc()
+		f.stats.chunk("overtaken", "")
+		if conn != nil {
+			conn.retired.Store(true)
+		}
+		return fresh, nil
+	}
 	if err != nil {
 		if errors.Is(err, errStore) {
 			return fresh, fail(ErrInvalid, err, "storing %s at %d: %v", f.digest, start+n, err)
@@ -944,6 +957,11 @@ func (f *blobFetch) unclaimed() bool {
 // errStore marks a failure to store bytes, as opposed to receiving them.
 var errStore = errors.New("store")
 
+// errOvertaken ends a chunk's request that another request for the same
+// bytes (a hedge, or the request it hedged) has got ahead of: what it would
+// bring next is held already.
+var errOvertaken = errors.New("overtaken by another request for the same bytes")
+
 // errTooSlow marks a chunk connection abandoned for bringing less than
 // MinGoodput.
 var errTooSlow = errors.New("slower than min_goodput")
@@ -951,8 +969,12 @@ var errTooSlow = errors.New("slower than min_goodput")
 // copyBody writes body to [start, end) of the blob, returning the bytes
 // written. It gathers up to a buffer's worth per write (see gather): a TLS
 // body arrives 16 KiB at a time, and each write is a syscall and wakes the
-// blob's readers. Near the end it starts ahead's warm-up.
-func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int64, ahead *warmup) (int64, error) {
+// blob's readers. Near the end it starts ahead's warm-up. An answer to a
+// range request (ranged) stops as soon as it finds its next byte written
+// already, once the blob has a hedged chunk (errOvertaken): racing requests
+// would otherwise both bring the rest. A stream from byte 0 re-sends bytes
+// held before on purpose, and reads on.
+func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int64, ranged bool, ahead *warmup) (int64, error) {
 	bufp := f.r.buffers.Get().(*[]byte)
 	defer f.r.buffers.Put(bufp)
 	buf := *bufp
@@ -967,6 +989,14 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 			want = min(want, tailGather)
 		}
 		n, err := gather(body, buf[:want])
+		if n > 0 && ranged && f.hedges.Load() > 0 {
+			// Racing another request for these bytes: the one that finds
+			// its next byte written is behind, and gives way. Looked at
+			// before writing, so that the two never both give way.
+			if next, _ := f.w.Missing(off); next > off {
+				return off - start, errOvertaken
+			}
+		}
 		if n > 0 {
 			if _, werr := f.w.WriteAt(buf[:n], off); werr != nil {
 				return off - start, fmt.Errorf("%w: %w", errStore, werr)

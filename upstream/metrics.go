@@ -52,7 +52,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}, []string{"upstream", "reason"})
 	m.chunks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pullproxy_upstream_chunks_total",
-		Help: "Blob chunks requested from endpoints, by result: complete, cut, failed (no byte received).",
+		Help: "Blob chunks requested from endpoints, by result: complete, cut, failed (no byte received), overtaken (ended early: a request racing it for the same bytes at a blob's end brought them first).",
 	}, []string{"upstream", "endpoint", "result"})
 	m.connLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "pullproxy_upstream_connections_limit",
