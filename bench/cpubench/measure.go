@@ -34,6 +34,8 @@ type sample struct {
 	Wall     float64 `json:"wall_seconds"`      // first request to last byte
 	Upstream int64   `json:"upstream_bytes"`    // bytes the relay carried from the registry
 	Sessions int64   `json:"upstream_sessions"` // connections through the relay
+	Reads    int64   `json:"read_calls"`        // the mirror's read system calls (file and socket)
+	Switches int64   `json:"context_switches"`  // the mirror's threads' context switches
 }
 
 // result is one mirror's figures over the runs.
@@ -46,6 +48,8 @@ type result struct {
 	Machine benchrun.Summary `json:"machine_seconds"`
 	Wall    benchrun.Summary `json:"wall_seconds"`
 	Conns   benchrun.Summary `json:"upstream_sessions"`
+	Reads   benchrun.Summary `json:"read_calls"`
+	Switch  benchrun.Summary `json:"context_switches"`
 	Error   string           `json:"error,omitempty"`
 }
 
@@ -86,8 +90,8 @@ func (b *bench) measureAll(ctx context.Context) []result {
 				log.Printf("%s, run %d: %v", m.name, run+1, err)
 				continue
 			}
-			log.Printf("%s, run %d: user %.2f s, sys %.2f s, total %.2f s CPU; machine %.2f s CPU; %.2f s wall; %d upstream connections",
-				m.name, run+1, s.User, s.Sys, s.Total, s.Machine, s.Wall, s.Sessions)
+			log.Printf("%s, run %d: user %.2f s, sys %.2f s, total %.2f s CPU; machine %.2f s CPU; %.2f s wall; %d upstream connections; %d reads, %d context switches",
+				m.name, run+1, s.User, s.Sys, s.Total, s.Machine, s.Wall, s.Sessions, s.Reads, s.Switches)
 			r.Samples = append(r.Samples, s)
 		}
 	}
@@ -102,6 +106,8 @@ func (b *bench) measureAll(ctx context.Context) []result {
 		r.Machine = summarise(r.Samples, func(s sample) float64 { return s.Machine })
 		r.Wall = summarise(r.Samples, func(s sample) float64 { return s.Wall })
 		r.Conns = summarise(r.Samples, func(s sample) float64 { return float64(s.Sessions) })
+		r.Reads = summarise(r.Samples, func(s sample) float64 { return float64(s.Reads) })
+		r.Switch = summarise(r.Samples, func(s sample) float64 { return float64(s.Switches) })
 	}
 	return results
 }
@@ -116,6 +122,10 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 	defer m.stop()
 	pid := m.cmd.Process.Pid
 	before, err := benchrun.ReadCPUTime(pid)
+	if err != nil {
+		return sample{}, err
+	}
+	activityBefore, err := benchrun.ReadActivity(pid)
 	if err != nil {
 		return sample{}, err
 	}
@@ -156,6 +166,11 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 		return sample{}, err
 	}
 	relayAfter := b.relay.Stats()
+	activity, err := benchrun.ReadActivity(pid)
+	if err != nil {
+		return sample{}, err
+	}
+	activity = activity.Sub(activityBefore)
 	if err := m.checkStored(b.blobs); err != nil {
 		return sample{}, err
 	}
@@ -167,6 +182,8 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 		Wall:     wall.Seconds(),
 		Upstream: relayAfter.BytesDown - relayBefore.BytesDown,
 		Sessions: relayAfter.Sessions - relayBefore.Sessions,
+		Reads:    activity.ReadCalls,
+		Switches: activity.Switches,
 	}
 	s.Total = s.User + s.Sys
 	return s, nil

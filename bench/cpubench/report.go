@@ -29,22 +29,23 @@ func printTable(w io.Writer, rep report) {
 		"cpubench's own process (the upstream registry and the path, whose cost follows the number of requests "+
 		"a mirror makes): it also counts work done for the mirror in kernel threads, such as writing its bytes "+
 		"to disk, which a mirror that never syncs leaves to them, and the curl client, the same for every mirror. "+
+		"Read calls and context switches are the mirror's (/proc/PID/io syscr, /proc/PID/task/*/status), over the same window. "+
 		"Runs per mirror: %d; worst is the largest run, per column.\n\n",
 		rep.Blobs, float64(rep.BlobBytes)/mib, cfg.Parallel, float64(cfg.Bandwidth)/1e6, cfg.Runs)
 	fmt.Fprintln(w, "| mirror | user s, median | sys s, median | total CPU s, median | user s, worst | sys s, worst "+
-		"| total CPU s, worst | machine CPU s, median | machine CPU s, worst | wall s, median | upstream connections, median | note |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+		"| total CPU s, worst | machine CPU s, median | machine CPU s, worst | wall s, median | upstream connections, median | read calls, median | context switches, median | note |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, r := range rep.Results {
 		if len(r.Samples) == 0 {
-			fmt.Fprintf(w, "| %s | | | | | | | | | | | failed: %s |\n", r.Mirror, strings.ReplaceAll(r.Error, "\n", " "))
+			fmt.Fprintf(w, "| %s | | | | | | | | | | | | | failed: %s |\n", r.Mirror, strings.ReplaceAll(r.Error, "\n", " "))
 			continue
 		}
 		note := ""
 		if r.Error != "" {
 			note = fmt.Sprintf("%d runs; then failed: %s", len(r.Samples), strings.ReplaceAll(r.Error, "\n", " "))
 		}
-		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %s |\n", r.Mirror,
+		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.0f | %.0f | %s |\n", r.Mirror,
 			r.User.Median, r.Sys.Median, r.Total.Median, r.User.Worst, r.Sys.Worst, r.Total.Worst,
-			r.Machine.Median, r.Machine.Worst, r.Wall.Median, r.Conns.Median, note)
+			r.Machine.Median, r.Machine.Worst, r.Wall.Median, r.Conns.Median, r.Reads.Median, r.Switch.Median, note)
 	}
 }

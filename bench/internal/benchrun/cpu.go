@@ -110,3 +110,56 @@ var clockTicks = sync.OnceValue(func() float64 {
 	}
 	return 100
 })
+
+// Activity is what a process did besides spending CPU time, all its threads.
+type Activity struct {
+	ReadCalls int64 // read system calls (/proc/PID/io syscr): file and socket reads alike
+	Switches  int64 // context switches, voluntary and not, of the threads alive
+}
+
+// Sub is a minus b.
+func (a Activity) Sub(b Activity) Activity {
+	return Activity{a.ReadCalls - b.ReadCalls, a.Switches - b.Switches}
+}
+
+// ReadActivity reads pid's read system calls from /proc/PID/io and sums its
+// threads' context switches from /proc/PID/task/*/status. A thread that
+// ended takes its switches with it; a Go process seldom ends one.
+func ReadActivity(pid int) (Activity, error) {
+	var a Activity
+	io, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return a, fmt.Errorf("reading system calls: %w", err)
+	}
+	if a.ReadCalls, err = procField(io, "syscr:"); err != nil {
+		return a, fmt.Errorf("reading /proc/%d/io: %w", pid, err)
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return a, fmt.Errorf("reading threads: %w", err)
+	}
+	for _, t := range tasks {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, t.Name()))
+		if err != nil {
+			continue // the thread ended meanwhile
+		}
+		for _, key := range []string{"voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:"} {
+			n, err := procField(st, key)
+			if err != nil {
+				return a, fmt.Errorf("reading /proc/%d/task/%s/status: %w", pid, t.Name(), err)
+			}
+			a.Switches += n
+		}
+	}
+	return a, nil
+}
+
+// procField returns the number after key at the start of a line of b.
+func procField(b []byte, key string) (int64, error) {
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key); ok {
+			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %q", key)
+}
