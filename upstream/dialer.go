@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -127,7 +128,11 @@ func (d *chunkDialer) open(ctx context.Context, network string, key dialKey) (ne
 	if err != nil {
 		return nil, err
 	}
-	var c net.Conn = &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: raw, first: d.first, idle: d.idle}}
+	cc := &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: raw, first: d.first, idle: d.idle}}
+	if tcp, ok := raw.(*net.TCPConn); ok && lowatSupported {
+		cc.sock, _ = tcp.SyscallConn()
+	}
+	var c net.Conn = cc
 	if key.secure {
 		cfg := d.tls.Clone()
 		if cfg.ServerName == "" {
@@ -268,10 +273,28 @@ type chunkConn struct {
 	retired atomic.Bool // closed, or to be closed: no chunk is planned on it
 	inUse   atomic.Bool // a chunk's request went out on it and is not done
 	probe   *probeConn  // nil: held to its endpoint's current budget
+
+	// The socket's receive low-water mark (see lowat.go).
+	sock        syscall.RawConn // the TCP socket; nil: no mark is set
+	left        atomic.Int64    // body bytes the answer being read has still to come, as far as known
+	expected    atomic.Int64    // left when the fetcher said it (see expect)
+	began       atomic.Int64    // when it did, in Unix nanoseconds
+	lowat       atomic.Int32    // the mark set on the socket; 0: none
+	slow        atomic.Bool     // the answer came slower than the mark: read without it
+	markSize    atomic.Int32    // the mark the receive buffer allows (see mark)
+	markAt      atomic.Int64    // read when the receive buffer was last looked at
+	markChecked atomic.Bool     // it was looked at
 }
 
 func (c *chunkConn) Read(p []byte) (int, error) {
-	n, err := c.idleTimeoutConn.Read(p)
+	var n int
+	var err error
+	if c.sock != nil && c.left.Load() > 0 {
+		n, err = c.readMarked(p)
+		c.left.Add(-int64(n))
+	} else {
+		n, err = c.idleTimeoutConn.Read(p)
+	}
 	c.read.Add(int64(n))
 	if err != nil {
 		c.retired.Store(true) // net/http closes a connection whose read failed

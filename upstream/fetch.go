@@ -744,6 +744,10 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 	if plan.last {
 		ahead = f.warmupFor(resp.Request)
 	}
+	if conn != nil {
+		conn.expect(end - start)
+		defer conn.expect(0)
+	}
 	n, err := f.copyBody(ctx, resp.Body, start, end, resp.StatusCode == http.StatusPartialContent, ahead)
 	// A stream restarted from byte 0 re-sends bytes already held: only those
 	// past the chunk's start are progress.
