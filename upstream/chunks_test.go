@@ -392,18 +392,12 @@ func TestFetchBlobHedgeRaceEndsEarly(t *testing.T) {
 		hedgeOnce sync.Once
 	)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(size))
-		if r.Method != http.MethodGet {
-			return
+		if r.Method == http.MethodGet {
+			gets.Add(1)
 		}
-		gets.Add(1)
-		start, end, ok := parseRangeHeader(r.Header.Get("Range"))
+		start, end, ok := startRange(w, r, size)
 		if !ok {
-			w.WriteHeader(http.StatusBadRequest)
 			return
-		}
-		if end < 0 || end > size {
-			end = size
 		}
 		// The answer from byte 0 goes silent; a request within its range
 		// after that is its rest asked for again.
@@ -414,8 +408,6 @@ func TestFetchBlobHedgeRaceEndsEarly(t *testing.T) {
 		if silent {
 			silentEnd.Store(end)
 		}
-		w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, end-1, size))
-		w.Header().Set("Content-Length", strconv.FormatInt(end-start, 10))
 		w.WriteHeader(http.StatusPartialContent)
 		// Paced, so that what the socket buffers hold stays small next to
 		// what a request that read on to the end would bring twice.
@@ -459,6 +451,28 @@ func TestFetchBlobHedgeRaceEndsEarly(t *testing.T) {
 		t.Errorf("pullproxy_upstream_chunks_total{result=overtaken}: got %v, want 1", got)
 	}
 	t.Logf("bytes sent: %d for a %d-byte blob (%.3fx)", sent.Load(), size, float64(sent.Load())/size)
+}
+
+// startRange answers a HEAD for a blob of size bytes, or sets the headers
+// of a GET's 206 for the Range it asks for (to the blob's end when open or
+// past it) and returns that range, for the caller to send; ok is false when
+// the request is answered already.
+func startRange(w http.ResponseWriter, r *http.Request, size int64) (start, end int64, ok bool) {
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	if r.Method != http.MethodGet {
+		return 0, 0, false
+	}
+	start, end, ok = parseRangeHeader(r.Header.Get("Range"))
+	if !ok || start >= size {
+		w.WriteHeader(http.StatusRequestedRangeNotSatisfiable)
+		return 0, 0, false
+	}
+	if end < 0 || end > size {
+		end = size
+	}
+	w.Header().Set("Content-Range", fmt.Sprintf("bytes %d-%d/%d", start, end-1, size))
+	w.Header().Set("Content-Length", strconv.FormatInt(end-start, 10))
+	return start, end, true
 }
 
 // TestFetchBlobRangeIgnored: an upstream that answers every range with the

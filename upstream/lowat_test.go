@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"testing"
 	"time"
 
@@ -121,16 +120,10 @@ func TestFetchBlobSlowAnswerIsNoStall(t *testing.T) {
 	)
 	blob := randomBlob(size)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Length", strconv.Itoa(size))
-		if r.Method != http.MethodGet {
+		start, end, ok := startRange(w, r, size)
+		if !ok {
 			return
 		}
-		start, end, ok := parseRangeHeader(r.Header.Get("Range"))
-		if !ok || end < 0 || end > size {
-			end = size
-		}
-		w.Header().Set("Content-Range", "bytes "+strconv.FormatInt(start, 10)+"-"+strconv.FormatInt(end-1, 10)+"/"+strconv.Itoa(size))
-		w.Header().Set("Content-Length", strconv.FormatInt(end-start, 10))
 		w.WriteHeader(http.StatusPartialContent)
 		for off := start; off < end; {
 			n := int64(piece)
