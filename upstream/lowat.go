@@ -125,7 +125,7 @@ func (c *chunkConn) readMarked(p []byte) (int, error) {
 	deadline := now.Add(wait)
 	for {
 		next := deadline
-		if soon := time.Now().Add(lowatWait); c.lowat.Load() > 0 && soon.Before(deadline) {
+		if soon := now.Add(lowatWait); c.lowat.Load() > 0 && soon.Before(deadline) {
 			next = soon
 		}
 		if err := c.Conn.SetReadDeadline(next); err != nil {
@@ -135,7 +135,10 @@ func (c *chunkConn) readMarked(p []byte) (int, error) {
 		if n > 0 {
 			c.answered.Store(true)
 		}
-		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) || !time.Now().Before(deadline) {
+		if n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return n, err
+		}
+		if now = time.Now(); !now.Before(deadline) {
 			return n, err
 		}
 		// Fewer bytes than the mark came in lowatWait, or none: the rest of
