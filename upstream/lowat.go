@@ -30,9 +30,12 @@ const (
 	lowatMin = 32 << 10
 	lowatMax = 256 << 10
 	// lowatMargin: body bytes the HTTP and TLS readers above the socket
-	// may have taken ahead of what they returned (a bufio buffer, a TLS
-	// record). The mark never waits for bytes the answer does not hold.
-	lowatMargin = 32 << 10
+	// may have taken ahead of what they returned, so that the mark never
+	// waits for bytes the answer does not hold: net/http's 4 KiB bufio
+	// buffer, and crypto/tls's input buffer, which it fills to its whole
+	// free capacity (bytes.Buffer.ReadFrom) and which grows by doubling
+	// to about four records.
+	lowatMargin = 96 << 10
 	lowatWait   = 50 * time.Millisecond
 )
 

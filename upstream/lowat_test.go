@@ -116,7 +116,7 @@ func TestChunkConnLowat(t *testing.T) {
 func TestFetchBlobSlowAnswerIsNoStall(t *testing.T) {
 	t.Parallel()
 	const (
-		size  = 384 << 10
+		size  = 448 << 10
 		fast  = 256 << 10 // at once
 		piece = 8 << 10
 		every = 100 * time.Millisecond // then 80 KB/s: the least mark, 32 KiB, in 400 ms
