@@ -275,15 +275,14 @@ type chunkConn struct {
 	probe   *probeConn  // nil: held to its endpoint's current budget
 
 	// The socket's receive low-water mark (see lowat.go).
-	sock        syscall.RawConn // the TCP socket; nil: no mark is set
-	left        atomic.Int64    // body bytes the answer being read has still to come, as far as known
-	expected    atomic.Int64    // left when the fetcher said it (see expect)
-	began       atomic.Int64    // when it did, in Unix nanoseconds
-	lowat       atomic.Int32    // the mark set on the socket; 0: none
-	slow        atomic.Bool     // the answer came slower than the mark: read without it
-	markSize    atomic.Int32    // the mark the receive buffer allows (see mark)
-	markAt      atomic.Int64    // read when the receive buffer was last looked at
-	markChecked atomic.Bool     // it was looked at
+	sock     syscall.RawConn // the TCP socket; nil: no mark is set
+	left     atomic.Int64    // body bytes the answer being read has still to come, as far as known
+	expected atomic.Int64    // left when the fetcher said it (see expect)
+	began    atomic.Int64    // when it did, in Unix nanoseconds
+	lowat    atomic.Int32    // the mark set on the socket; 0: none
+	slow     atomic.Bool     // the answer came slower than the mark: read without it
+	markSize atomic.Int32    // the mark the receive buffer allows (see mark)
+	markNext atomic.Int64    // read at which the receive buffer is looked at again
 }
 
 func (c *chunkConn) Read(p []byte) (int, error) {

@@ -86,11 +86,10 @@ func markSize(n int) int {
 func (c *chunkConn) mark() int {
 	m := int(c.markSize.Load())
 	read := c.read.Load()
-	if m == lowatMax || (c.markChecked.Load() && read < c.markAt.Load()+lowatMax) {
+	if m == lowatMax || read < c.markNext.Load() {
 		return m
 	}
-	c.markChecked.Store(true)
-	c.markAt.Store(read)
+	c.markNext.Store(read + lowatMax)
 	m = markSize(rcvBuf(c.sock) / 4)
 	c.markSize.Store(int32(m))
 	return m
