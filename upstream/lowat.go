@@ -12,8 +12,7 @@ import (
 // is queued (SO_RCVLOWAT), not for every segment or two: a cold fetch of the
 // 600 MiB image over a clean path made about 47,000 read calls and 59,000
 // context switches without, 30,000-33,000 and 52,000-54,000 with
-// (cpubench). The mark is what the
-// answer's pace so far brings in half of
+// (cpubench). The mark is what the answer's pace so far brings in half of
 // lowatWait, and at most a quarter of the socket's receive buffer, which the
 // kernel grows as the connection's window opens (a new connection starts at
 // tcp_rmem's 128 KiB): a mark the window could not let in at once would
