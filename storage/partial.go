@@ -53,7 +53,7 @@ type Partial struct {
 	hashMu sync.Mutex
 	hasher hash.Hash
 	hashed atomic.Int64 // written under hashMu; read without it
-	buf    []byte       // catch-up buffer for hashing bytes written out of order, where hashFile needs one
+	buf    []byte       // catch-up buffer for hashing bytes written out of order (see hashFile)
 
 	// A resumed download's hash of [0, resumedHashed) comes from the record,
 	// not from the file; Commit checks the file still holds those bytes.
