@@ -117,6 +117,87 @@ func TestPartialCheckpointsWhatArrivedDuringOne(t *testing.T) {
 	}
 }
 
+// TestPartialResumeAfterReboot: a restart in the same boot resumes from
+// the last checkpoint, unsynced; after a reboot the bytes it claims may not
+// be on disk, and the download resumes from the last synced one instead.
+// A committed blob keeps no progress attribute.
+func TestPartialResumeAfterReboot(t *testing.T) {
+	t.Parallel()
+	const every, durable = 256 << 10, 4 << 20
+	data := randomBytes(12, 10<<20)
+	d := digest.FromBytes(data)
+	size := int64(len(data))
+	for _, tc := range []struct {
+		name   string
+		boot   string // the restarted store's
+		synced bool   // resumes where the synced record says, else within a checkpoint of where it stopped
+	}{
+		{"same boot", "", false},
+		{"after a reboot", "another boot", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := openDir(t, t.TempDir())
+			if s.boot == "" {
+				t.Fatal("no boot id: progress attributes are never trusted here")
+			}
+			p, err := s.NewPartial(t.Context(), d, size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.checkpointBytes, p.durableBytes = every, durable
+			for off := int64(0); off < size/2; off += every {
+				if _, err := p.WriteAt(data[off:off+every], off); err != nil {
+					t.Fatal(err)
+				}
+				p.background.Wait() // a checkpoint for every write
+			}
+			if s.noProgressAttr.Load() {
+				t.Fatalf("the test's file system (%s) keeps no extended attributes", s.Dir())
+			}
+			var synced partialRecord
+			if err := s.get(partialKey(d), &synced); err != nil {
+				t.Fatal(err)
+			}
+			s = crash(t, s, p)
+			defer s.Close()
+			if tc.boot != "" {
+				s.boot = tc.boot
+			}
+
+			q, err := s.NewPartial(t.Context(), d, size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start, _ := q.Missing(0)
+			low, high := size/2-every, size/2
+			if tc.synced {
+				low, high = synced.Done[0][1], synced.Done[0][1]
+				if high >= size/2-every {
+					t.Fatalf("synced record covers %v of %d bytes written: too late to tell the two apart", synced.Done, size/2)
+				}
+			}
+			if start < low || start > high {
+				t.Errorf("resumed at %d of the %d bytes written (synced record: %v), want %d-%d", start, size/2, synced.Done, low, high)
+			}
+			if _, err := q.WriteAt(data[start:], start); err != nil {
+				t.Fatal(err)
+			}
+			if err := q.Commit(t.Context()); err != nil {
+				t.Fatalf("Commit after resuming: %v", err)
+			}
+			f, err := os.Open(s.blobPath(d))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if b, err := getProgress(f); err != nil || b != nil {
+				t.Errorf("committed blob's progress attribute: %q, %v; want none", b, err)
+			}
+		})
+	}
+}
+
 // TestPartialAbandonKeepsProgress: an abandoned download (upstream gone)
 // records where it was; the next one starts there.
 func TestPartialAbandonKeepsProgress(t *testing.T) {

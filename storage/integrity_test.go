@@ -216,12 +216,13 @@ func writeAndCheckpoint(t *testing.T, s *Store, p *Partial, data []byte, spans [
 			})
 		}
 		if int64(step) < stopAt {
+			durable := step%(2*writers) == 0 // the synced record and the progress attribute in turn
 			wg.Go(func() {
 				<-start
-				if err := p.checkpoint(); err != nil {
+				if err := p.checkpoint(durable); err != nil {
 					t.Errorf("checkpoint: got %v, want nil", err)
 				}
-				checkRecord(t, s, p.digest)
+				checkRecord(t, s, p)
 			})
 		}
 		close(start)
@@ -229,20 +230,22 @@ func writeAndCheckpoint(t *testing.T, s *Store, p *Partial, data []byte, spans [
 	}
 }
 
-// checkRecord checks that d's progress record, if any, hashes no byte it does
-// not record as written.
-func checkRecord(t *testing.T, s *Store, d digest.Digest) {
+// checkRecord checks that p's progress, as a restart would find it (the
+// synced record, or the file's progress attribute when it is later), hashes
+// no byte it does not record as written.
+func checkRecord(t *testing.T, s *Store, p *Partial) {
 	t.Helper()
 	var rec partialRecord
-	if err := s.get(partialKey(d), &rec); err != nil {
+	if err := s.get(partialKey(p.digest), &rec); err != nil {
 		return
 	}
+	rec, _ = s.laterProgress(p.f, rec)
 	var done spans
 	for _, r := range rec.Done {
 		done.add(r[0], r[1])
 	}
 	if prefix := done.contiguous(0); rec.Hashed > prefix {
-		t.Errorf("checkpoint of %s: hashed up to %d, want at most the %d contiguous bytes it records", d, rec.Hashed, prefix)
+		t.Errorf("checkpoint %d of %s: hashed up to %d, want at most the %d contiguous bytes it records", rec.Seq, p.digest, rec.Hashed, prefix)
 	}
 }
 
@@ -292,7 +295,7 @@ func TestPartialResumeChangedPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeSpans(t, p, data, chunks(size/2, 10_000))
-	if err := p.checkpoint(); err != nil {
+	if err := p.checkpoint(true); err != nil {
 		t.Fatalf("checkpoint: got %v, want nil", err)
 	}
 	if got := p.hashed.Load(); got <= flip {

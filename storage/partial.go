@@ -62,8 +62,13 @@ type Partial struct {
 
 	// Progress checkpoints (see checkpoint.go).
 	checkpointBytes int64       // bytes written between checkpoints, at most: checkpointBytes but in tests
+	durableBytes    int64       // bytes written between durable checkpoints, at most: durableBytes but in tests
 	unsaved         int64       // bytes written since the last checkpoint; under mu
 	savedAt         time.Time   // time of the last checkpoint; under mu
+	unsynced        int64       // bytes written since the last durable checkpoint; under mu
+	syncedAt        time.Time   // time of the last durable checkpoint; under mu
+	seq             uint64      // number of the last checkpoint; under mu
+	attr            atomic.Bool // the file has a progress attribute
 	recorded        atomic.Bool // a progress record exists
 	checkpointing   atomic.Bool
 	background      sync.WaitGroup // a checkpoint running; ended before the file is closed
@@ -121,6 +126,8 @@ func newPartial(s *Store, d digest.Digest, f *os.File) *Partial {
 		savedAt: time.Now(),
 
 		checkpointBytes: checkpointBytes,
+		durableBytes:    durableBytes,
+		syncedAt:        time.Now(),
 	}
 }
 
@@ -360,7 +367,7 @@ func (p *Partial) Commit(ctx context.Context) error {
 		// costs nothing of the download.
 		p.background.Wait()
 		if p.unsavedBytes() > 0 {
-			if err := p.checkpoint(); err != nil {
+			if err := p.checkpoint(false); err != nil {
 				p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
 			}
 		}
@@ -368,6 +375,9 @@ func (p *Partial) Commit(ctx context.Context) error {
 	if err := p.verify(); err != nil {
 		p.Fail(err)
 		return err
+	}
+	if p.attr.Load() {
+		clearProgress(p.f) // best effort: left on the blob, it is never read
 	}
 	size := p.Size()
 	if err := p.store.placeFile(p.f, p.digest, size); err != nil {
@@ -477,7 +487,7 @@ func (p *Partial) Abandon(err error) {
 		return
 	}
 	p.background.Wait()
-	if err := p.checkpoint(); err != nil {
+	if err := p.checkpoint(true); err != nil {
 		p.store.log.Warn("recording download progress", "digest", p.digest, "err", err)
 	}
 	p.f.Close()

@@ -61,6 +61,11 @@ type Store struct {
 
 	fds *fdCache // descriptors of blobs served lately
 
+	// Download checkpoints (checkpoint.go): the boot they are taken in, ""
+	// when unknown, and whether the data dir keeps no progress attributes.
+	boot           string
+	noProgressAttr atomic.Bool
+
 	space    func(path string) (free, total int64, err error) // diskSpace; tests replace it
 	spaceMu  sync.Mutex
 	reserved map[*Partial]struct{} // downloads whose bytes to come are reserved (see reserve)
@@ -102,7 +107,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{root: dir, blobs: filepath.Join(dir, "blobs"), db: db, log: cfg.log, space: diskSpace,
-		reserved: map[*Partial]struct{}{}, evictWake: make(chan struct{}, 1), fds: newFDCache()}
+		reserved: map[*Partial]struct{}{}, evictWake: make(chan struct{}, 1), fds: newFDCache(), boot: bootID()}
 	if err := s.reconcilePartials(ctx); err != nil {
 		db.Close()
 		return nil, err
