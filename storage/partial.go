@@ -376,9 +376,6 @@ func (p *Partial) Commit(ctx context.Context) error {
 		p.Fail(err)
 		return err
 	}
-	if p.attr.Load() {
-		clearProgress(p.f) // best effort: left on the blob, it is never read
-	}
 	size := p.Size()
 	if err := p.store.placeFile(p.f, p.digest, size); err != nil {
 		p.Fail(err)
@@ -391,6 +388,9 @@ func (p *Partial) Commit(ctx context.Context) error {
 	p.mu.Unlock()
 	p.store.unreserve(p)
 	p.background.Wait() // a checkpoint under way sees the commit and records nothing more
+	if p.attr.Load() {
+		clearProgress(p.f) // best effort: left on the blob, it is never read
+	}
 	p.f.Close()
 	p.dropRecord()
 	// The blob is in place; a lost record only costs its last-access time.
