@@ -423,7 +423,12 @@ func TestCorruptEndpointFallsBackToNext(t *testing.T) {
 	if resp, body := e.get("GET", "/v2/test/app/blobs/"+bad.digest.String()+"?ns="+upstreamName, nil); resp.StatusCode != 200 || !bytes.Equal(body, content) {
 		t.Fatalf("retry: status %d, %d bytes", resp.StatusCode, len(body))
 	}
-	if bad.sent.Load() == 0 || good.sent.Load() != int64(len(content)) {
-		t.Errorf("bytes sent: corrupt endpoint %d, good endpoint %d; want some, and the blob once", bad.sent.Load(), good.sent.Load())
+	// The good endpoint sends the blob once: not a second download of it.
+	// Part of it may come twice: a chunk that looks silent has its rest
+	// asked for again, and once, under the race detector with every
+	// package's tests at once, the good endpoint's answer took 2.4 s and
+	// it sent 1.5 MiB of the 1 MiB blob (90 runs under load: never again).
+	if n := good.sent.Load(); bad.sent.Load() == 0 || n < int64(len(content)) || n >= 2*int64(len(content)) {
+		t.Errorf("bytes sent: corrupt endpoint %d, good endpoint %d; want some, and the blob once (with at most part of it again)", bad.sent.Load(), n)
 	}
 }

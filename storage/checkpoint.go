@@ -161,7 +161,9 @@ func (p *Partial) checkpoint(durable bool) error {
 			p.attr.Store(true)
 			return nil
 		}
-		if p.store.noProgressAttr.CompareAndSwap(false, true) {
+		// This one is durable instead; where the file system has no
+		// extended attributes at all, every one from now on.
+		if errors.Is(err, errors.ErrUnsupported) && p.store.noProgressAttr.CompareAndSwap(false, true) {
 			p.store.log.Info("every download checkpoint syncs: the data dir's file system keeps no extended attributes",
 				"dir", p.store.root, "err", err)
 		}
@@ -270,8 +272,11 @@ func (s *Store) resume(ctx context.Context, d digest.Digest, size int64) (*Parti
 		// Bytes it claims are not synced: the first checkpoint syncs them.
 		p.syncedAt = time.Time{}
 	}
-	s.log.Info("resuming a partial download", "digest", d, "size", rec.Size, "have", p.done.total(),
-		"from", map[bool]string{true: "this boot's progress", false: "the synced record"}[rec.Boot != ""])
+	from := "the synced record"
+	if rec.Boot != "" {
+		from = "this boot's progress"
+	}
+	s.log.Info("resuming a partial download", "digest", d, "size", rec.Size, "have", p.done.total(), "from", from)
 	return p, true
 }
 
