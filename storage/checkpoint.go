@@ -143,14 +143,15 @@ func (p *Partial) durableDueLocked() bool {
 // checkpoint records the download's progress: durably when durable is set
 // or a durable checkpoint is due, else as the file's progress attribute.
 func (p *Partial) checkpoint(durable bool) error {
-	rec, unsynced, committed, durable, err := p.progress(durable)
+	snap, err := p.progress(durable)
 	if err != nil {
 		return err
 	}
-	if committed || rec.Size < 0 {
+	rec := snap.rec
+	if snap.committed || rec.Size < 0 {
 		return nil
 	}
-	if !durable {
+	if !snap.durable {
 		rec.Boot = p.store.boot
 		b, err := json.Marshal(rec)
 		if err != nil {
@@ -179,30 +180,37 @@ func (p *Partial) checkpoint(durable bool) error {
 	}
 	p.recorded.Store(true)
 	p.mu.Lock()
-	p.unsynced -= unsynced
+	p.unsynced -= snap.unsynced
 	p.syncedAt = time.Now()
 	p.mu.Unlock()
 	return nil
 }
 
+// snapshot is a download's state as a checkpoint takes it (see progress).
+type snapshot struct {
+	rec       partialRecord
+	unsynced  int64 // bytes written since the last durable checkpoint
+	committed bool  // the download was committed: nothing to record
+	durable   bool  // the checkpoint is to be durable
+}
+
 // progress snapshots the hash state and the ranges done as one state: with
 // hashMu held the hash cannot advance, and it only ever covers bytes already
 // done, so the record never hashes a byte it does not record as written (a
-// resume would fetch that byte again and never hash it). It also returns
-// how many bytes were written since the last durable checkpoint, whether
-// the download was committed, and whether this checkpoint is to be durable.
-func (p *Partial) progress(durable bool) (rec partialRecord, unsynced int64, committed, _ bool, err error) {
+// resume would fetch that byte again and never hash it). The checkpoint is
+// durable when durable is set or one is due.
+func (p *Partial) progress(durable bool) (snapshot, error) {
 	p.hashMu.Lock()
 	defer p.hashMu.Unlock()
 	m, ok := p.hasher.(encoding.BinaryMarshaler)
 	if !ok {
-		return rec, 0, false, false, fmt.Errorf("%s: hash state cannot be saved", p.digest.Algorithm())
+		return snapshot{}, fmt.Errorf("%s: hash state cannot be saved", p.digest.Algorithm())
 	}
 	state, err := m.MarshalBinary()
 	if err != nil {
-		return rec, 0, false, false, err
+		return snapshot{}, err
 	}
-	rec = partialRecord{Hashed: p.hashed.Load(), HashState: state}
+	rec := partialRecord{Hashed: p.hashed.Load(), HashState: state}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	rec.Size = p.size
@@ -213,7 +221,7 @@ func (p *Partial) progress(durable bool) (rec partialRecord, unsynced int64, com
 	p.seq++
 	rec.Seq = p.seq
 	p.unsaved, p.savedAt = 0, time.Now()
-	return rec, p.unsynced, p.committed != "", durable || p.durableDueLocked(), nil
+	return snapshot{rec: rec, unsynced: p.unsynced, committed: p.committed != "", durable: durable || p.durableDueLocked()}, nil
 }
 
 // dropRecord removes the progress record, if one was written.

@@ -57,6 +57,7 @@ func clearProgress(f *os.File) error {
 	return err
 }
 
+// fileControl runs op on f's descriptor and returns its error.
 func fileControl(f *os.File, op func(fd int) error) error {
 	rc, err := f.SyscallConn()
 	if err != nil {

@@ -10,11 +10,5 @@ import (
 // now, without waiting for them, so that the next sync finds little left to
 // do. Best effort: an error only means the sync will do the work.
 func startWriteback(f *os.File) {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return
-	}
-	rc.Control(func(fd uintptr) {
-		unix.SyncFileRange(int(fd), 0, 0, unix.SYNC_FILE_RANGE_WRITE)
-	})
+	fileControl(f, func(fd int) error { return unix.SyncFileRange(fd, 0, 0, unix.SYNC_FILE_RANGE_WRITE) })
 }
