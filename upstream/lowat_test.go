@@ -112,15 +112,19 @@ func TestChunkConnLowat(t *testing.T) {
 // TestFetchBlobSlowAnswerIsNoStall: an answer that comes fast at first,
 // so that its connection gets a low-water mark, then trickles in slower
 // than would fill the mark within the stall timeout, is read as it comes,
-// not abandoned as a stall.
+// not abandoned as a stall. The trickle's pieces come eight times as often
+// as the stall timeout, so that a test run starved of CPU for a while does
+// not see one (with pieces three times as often, one full run in a few
+// counted a stall).
 func TestFetchBlobSlowAnswerIsNoStall(t *testing.T) {
 	t.Parallel()
 	const (
-		size  = 448 << 10
-		fast  = 256 << 10 // at once
-		piece = 8 << 10
-		every = 100 * time.Millisecond // then 80 KB/s: the least mark, 32 KiB, in 400 ms
-		stall = 300 * time.Millisecond
+		size    = 448 << 10
+		fast    = 256 << 10 // at once
+		trickle = 64 << 10  // then these, a piece at a time, then the rest at once
+		piece   = 2 << 10
+		every   = 50 * time.Millisecond // 40 KB/s: the least mark, 32 KiB, in 800 ms
+		stall   = 400 * time.Millisecond
 	)
 	blob := randomBlob(size)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -131,8 +135,11 @@ func TestFetchBlobSlowAnswerIsNoStall(t *testing.T) {
 		w.WriteHeader(http.StatusPartialContent)
 		for off := start; off < end; {
 			n := int64(piece)
-			if off < fast {
+			switch {
+			case off < fast:
 				n = fast - off
+			case off >= fast+trickle:
+				n = end - off
 			}
 			if _, err := w.Write(blob[off:min(off+n, end)]); err != nil {
 				return
