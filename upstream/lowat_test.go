@@ -7,12 +7,37 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 )
+
+// pathMSS is the segment size of a path with a 1500-byte MTU, less
+// timestamps.
+const pathMSS = 1448
+
+// listenWithMSS listens on loopback with connections' segments at most mss
+// bytes, as on a wide-area path. Loopback's own are 64 KiB, and Linux wakes
+// a reader whatever its low-water mark while the receive window it last
+// advertised is at most a segment: most of the time, on loopback.
+func listenWithMSS(t *testing.T, mss int) net.Listener {
+	t.Helper()
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		if cerr := c.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG, mss) }); cerr != nil {
+			return cerr
+		}
+		return err
+	}}
+	ln, err := lc.Listen(t.Context(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listening with TCP_MAXSEG %d: %v", mss, err)
+	}
+	return ln
+}
 
 // rcvLowat reads the socket's SO_RCVLOWAT.
 func rcvLowat(t *testing.T, c *chunkConn) int {
@@ -112,22 +137,24 @@ func TestChunkConnLowat(t *testing.T) {
 // TestFetchBlobSlowAnswerIsNoStall: an answer that comes fast at first,
 // so that its connection gets a low-water mark, then trickles in slower
 // than would fill the mark within the stall timeout, is read as it comes,
-// not abandoned as a stall. The trickle's pieces come eight times as often
-// as the stall timeout, so that a test run starved of CPU for a while does
-// not see one (with pieces three times as often, one full run in a few
-// counted a stall).
+// not abandoned as a stall. The server's segments are a wide-area path's
+// size: on loopback's, the kernel wakes the reader at every piece whatever
+// the mark, and the test would show nothing. The trickle's pieces come 24
+// times as often as the stall timeout: in a full run of the package under
+// the race detector on two cores, the server's own writes were once 528 ms
+// apart.
 func TestFetchBlobSlowAnswerIsNoStall(t *testing.T) {
 	t.Parallel()
 	const (
 		size    = 448 << 10
 		fast    = 256 << 10 // at once
-		trickle = 64 << 10  // then these, a piece at a time, then the rest at once
-		piece   = 2 << 10
-		every   = 50 * time.Millisecond // 40 KB/s: the least mark, 32 KiB, in 800 ms
-		stall   = 400 * time.Millisecond
+		trickle = 32 << 10  // then these, a piece at a time, then the rest at once
+		piece   = 1 << 10
+		every   = 50 * time.Millisecond // 20 KB/s: the least mark, 32 KiB, in 1.6 s
+		stall   = 1200 * time.Millisecond
 	)
 	blob := randomBlob(size)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start, end, ok := startRange(w, r, size)
 		if !ok {
 			return
@@ -149,6 +176,9 @@ func TestFetchBlobSlowAnswerIsNoStall(t *testing.T) {
 			time.Sleep(every)
 		}
 	}))
+	srv.Listener.Close()
+	srv.Listener = listenWithMSS(t, pathMSS)
+	srv.Start()
 	t.Cleanup(srv.Close)
 	m, reg := newTestMetrics(t)
 	cfg := fixedBudget(size, 1)
@@ -161,6 +191,11 @@ func TestFetchBlobSlowAnswerIsNoStall(t *testing.T) {
 	checkBlob(t, w, blob)
 	labels := map[string]string{"upstream": testUpstream, "endpoint": host(srv)}
 	if got := metricValue(t, reg, "pullproxy_upstream_connection_cuts_total", labels); got != 0 {
-		t.Errorf("pullproxy_upstream_connection_cuts_total: got %v, want 0", got)
+		for _, kind := range []string{"reset", "eof", "stall", "slow", "error"} {
+			labels["kind"] = kind
+			if n := metricValue(t, reg, "pullproxy_upstream_connection_cuts_total", labels); n > 0 {
+				t.Errorf("pullproxy_upstream_connection_cuts_total{kind=%q}: got %v, want 0", kind, n)
+			}
+		}
 	}
 }
