@@ -301,6 +301,16 @@ func (c *chunkConn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// queued returns how many bytes wait unread in the socket's receive queue
+// (0 where that is not known): bytes the path delivered that a reader
+// starved of CPU has not taken yet.
+func (c *chunkConn) queued() int {
+	if c.sock == nil {
+		return 0
+	}
+	return rcvQueued(c.sock)
+}
+
 // Close settles a probe the connection carried, if nothing else did: a
 // connection closed idle, or by the server, says nothing about the budget.
 // While a chunk is in flight on it the chunk settles it (see done): net/http

@@ -174,9 +174,11 @@ type span struct{ start, end int64 }
 // claimed is a range a worker fetches, and what hedgeLocked knows of it.
 type claimed struct {
 	span
-	seen   int64     // its first missing byte when last looked at
-	seenAt time.Time // when seen last moved (or the range was claimed)
-	hedged bool      // its rest was claimed again
+	seen   int64      // its first missing byte when last looked at
+	seenAt time.Time  // when seen or read last moved (or the range was claimed)
+	hedged bool       // its rest was claimed again
+	conn   *chunkConn // the connection its request went out on; nil: not known (yet)
+	read   int64      // conn's bytes read when last looked at
 }
 
 // left is about how many of the blob's bytes are still to arrive (a byte
@@ -515,7 +517,10 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 }
 
 // hedgeLocked claims again the rest of a chunk in flight that has brought
-// nothing for hedgeAfter, once nothing else is left to claim. Its
+// nothing for hedgeAfter (no byte written, none read from its connection,
+// none waiting unread in the socket), once nothing else is left to claim.
+// The socket is looked at because a reader starved of CPU (a busy node)
+// looks silent too, and asking again would only fetch its bytes twice. Its
 // connection may have gone silent (a carrier that stalls sessions), which
 // stall_timeout would tell only seconds later, with the blob's end, its
 // commit and the client's last bytes waiting on it. Whichever brings the
@@ -538,7 +543,15 @@ func (f *blobFetch) hedgeLocked(now time.Time) (chunk, bool) {
 		case missing != s.seen:
 			s.seen, s.seenAt = missing, now
 			continue
+		case s.conn != nil && s.conn.read.Load() != s.read:
+			s.read, s.seenAt = s.conn.read.Load(), now // read, not written yet (see gather)
+			continue
 		case now.Sub(s.seenAt) < after:
+			continue
+		case s.conn != nil && s.conn.queued() > 0:
+			// The path delivered bytes its reader, starved of CPU, has
+			// not taken: asking again would only fetch them twice.
+			s.seenAt = now
 			continue
 		}
 		s.hedged = true
@@ -644,6 +657,20 @@ func (f *blobFetch) release(c chunk) {
 	}
 }
 
+// attach records that the request for chunk c went out on conn (after a
+// redirect, the target's connection), so that hedgeLocked can tell a silent
+// path from a reader that lags.
+func (f *blobFetch) attach(c chunk, conn *chunkConn) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for i := range f.inflight {
+		if s := &f.inflight[i]; s.start == c.start && s.end == c.end && !s.hedged && (s.conn == nil || s.conn == conn) {
+			s.conn, s.read = conn, conn.read.Load()
+			return
+		}
+	}
+}
+
 // stop ends the claiming of chunks: one failed in a way that asking again
 // would not change.
 func (f *blobFetch) stop() {
@@ -672,7 +699,7 @@ func (f *blobFetch) failed() int {
 // a cut is recorded at the bytes the session carried in all, and a
 // connection that used up its budget is retired.
 func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunkPlan) (int64, error) {
-	var on chunkTrace
+	on := chunkTrace{got: func(conn *chunkConn) { f.attach(c, conn) }}
 	defer on.done()
 	ctx = httptrace.WithClientTrace(ctx, on.trace())
 	if plan.probe != nil {

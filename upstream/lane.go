@@ -151,6 +151,7 @@ func keyOf(u *url.URL) dialKey {
 type chunkTrace struct {
 	conn *chunkConn
 	used []*chunkConn
+	got  func(*chunkConn) // called with each chunk connection the request goes out on; nil: none
 }
 
 // trace returns the hooks that record the connections. The context a chunk
@@ -166,6 +167,9 @@ func (t *chunkTrace) trace() *httptrace.ClientTrace {
 		c.inUse.Store(true)
 		t.conn = c
 		t.used = append(t.used, c)
+		if t.got != nil {
+			t.got(c)
+		}
 	}}
 }
 

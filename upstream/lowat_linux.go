@@ -19,6 +19,18 @@ func setRcvLowat(sock syscall.RawConn, n int) error {
 	return err
 }
 
+// rcvQueued returns how many bytes wait in the socket's receive queue,
+// unread (SIOCINQ); 0 on error.
+func rcvQueued(sock syscall.RawConn) int {
+	n := 0
+	sock.Control(func(fd uintptr) {
+		if v, err := unix.IoctlGetInt(int(fd), unix.SIOCINQ); err == nil {
+			n = v
+		}
+	})
+	return n
+}
+
 // rcvBuf returns the socket's receive buffer size, as the kernel counts it
 // (SO_RCVBUF); 0 on error.
 func rcvBuf(sock syscall.RawConn) int {

@@ -15,3 +15,5 @@ func setRcvLowat(syscall.RawConn, int) error {
 }
 
 func rcvBuf(syscall.RawConn) int { return 0 }
+
+func rcvQueued(syscall.RawConn) int { return 0 }

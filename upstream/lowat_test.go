@@ -199,3 +199,75 @@ func TestFetchBlobSlowAnswerIsNoStall(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimLeavesALaggingReader: a chunk that has written nothing for
+// longer than hedgeAfter is not claimed again while its connection still
+// brings bytes: read and held (see gather), or delivered by the path and
+// waiting unread in the socket for a reader starved of CPU. Once nothing
+// moves and nothing waits, it is.
+func TestClaimLeavesALaggingReader(t *testing.T) {
+	t.Parallel()
+	const mib = 1 << 20
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		s, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- s
+	}()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	server, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { server.Close() })
+	conn := &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: raw, first: 10 * time.Second, idle: 10 * time.Second}}
+	conn.sock, _ = raw.(*net.TCPConn).SyscallConn()
+
+	w := newMemBlobWriter(4 * mib)
+	if _, err := w.WriteAt(make([]byte, 3*mib), 0); err != nil {
+		t.Fatal(err)
+	}
+	f := &blobFetch{w: w, r: &Registry{fetch: FetchConfig{StallTimeout: 2 * time.Second}}, ep: &endpoint{pipe: &pipe{}}, workers: 8}
+	long := time.Now().Add(-time.Second) // longer ago than hedgeAfter
+	rest := chunk{start: 3 * mib, end: 4 * mib}
+	f.inflight = []claimed{{span: span{rest.start, rest.end}, seen: rest.start, seenAt: long}}
+	f.attach(rest, conn)
+	claim := func(what string, want bool) {
+		t.Helper()
+		c, ok, _ := f.claim(mib, mib, 4)
+		if ok != want {
+			t.Fatalf("%s: claimed %d-%d (%v), want claimed: %v", what, c.start, c.end, ok, want)
+		}
+	}
+
+	if _, err := server.Write(make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); conn.queued() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the bytes written never reached the socket's receive queue")
+		}
+	}
+	claim("bytes waiting unread in the socket", false)
+
+	f.inflight[0].seenAt = long
+	if _, err := io.ReadFull(conn, make([]byte, 1000)); err != nil {
+		t.Fatal(err)
+	}
+	claim("bytes read, not written yet", false)
+
+	f.inflight[0].seenAt = long
+	claim("nothing read, nothing waiting", true)
+}
