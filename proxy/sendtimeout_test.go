@@ -23,10 +23,12 @@ func TestStalledClientIsDropped(t *testing.T) {
 		timeout time.Duration
 		dropped bool
 	}{
-		// A second: reading 48 MiB to cache it, under the race detector on
-		// a busy machine, has taken a 1 MiB piece longer than 300 ms.
-		{"net/http", false, time.Second, true},
-		{"blob loop", true, time.Second, true},
+		// Two seconds: reading 48 MiB to cache it, under the race detector
+		// on a busy machine, has taken a 1 MiB piece longer than 300 ms,
+		// and the first GET on the loop's connection, read into a growing
+		// buffer, once paused for more than a second.
+		{"net/http", false, 2 * time.Second, true},
+		{"blob loop", true, 2 * time.Second, true},
 		{"no timeout", true, 0, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -41,8 +43,14 @@ func TestStalledClientIsDropped(t *testing.T) {
 			cc := dialProxy(t, e.proxy)
 			if tt.loop {
 				cc.send(request("GET", p))
-				if resp, body := cc.response("GET"); resp.StatusCode != http.StatusOK || len(body) != len(content) {
-					t.Fatalf("first GET: %s, %d bytes", resp.Status, len(body))
+				resp, err := http.ReadResponse(cc.br, &http.Request{Method: "GET"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				n, err := io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusOK || n != int64(len(content)) {
+					t.Fatalf("first GET: %s, %d bytes, err %v", resp.Status, n, err)
 				}
 				waitOnLoop(t, e.proxy, 1)
 			}
@@ -55,7 +63,7 @@ func TestStalledClientIsDropped(t *testing.T) {
 			if _, err := io.ReadFull(resp.Body, make([]byte, 1)); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(4 * time.Second) // stalled: four times the timeout
+			time.Sleep(6 * time.Second) // stalled: three times the timeout
 			n, err := io.Copy(io.Discard, resp.Body)
 			if dropped := err != nil || n+1 < int64(len(content)); dropped != tt.dropped {
 				t.Errorf("after the stall: read %d more bytes of %d, err %v: dropped %v, want %v",
