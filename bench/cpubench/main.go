@@ -52,6 +52,7 @@ type config struct {
 	Scale      float64 `json:"scale"`
 	LayerSizes []int64 `json:"layer_sizes"`
 	Only       string  `json:"only,omitempty"`
+	Warmup     bool    `json:"warmup,omitempty"` // each mirror first fetched another image of the same layers' sizes, unmeasured
 	Baseline   string  `json:"baseline_binary,omitempty"`     // another pullproxy, measured as a third mirror
 	ProxyBin   string  `json:"pullproxy_binary,omitempty"`    // a prebuilt pullproxy instead of ./cmd/pullproxy
 	DistBin    string  `json:"distribution_binary,omitempty"` // a prebuilt distproxy instead of ./bench/cpubench/distproxy
@@ -66,6 +67,7 @@ type bench struct {
 	relay    *carrier.Relay
 	blobs    []registrytest.Descriptor // what curl fetches: the config, then the layers
 	bytes    int64                     // their total size
+	warm     []registrytest.Descriptor // with -warmup: another image's blobs, fetched before the measured ones
 }
 
 func main() {
@@ -90,6 +92,7 @@ func parseFlags() (config, string, time.Duration) {
 	flag.Int64Var(&cfg.Bandwidth, "bandwidth", 64e6, "bandwidth cap of the path between mirror and upstream, bytes/s")
 	flag.IntVar(&cfg.Parallel, "parallel", 3, "blobs fetched at once")
 	flag.Float64Var(&cfg.Scale, "scale", 1, "scale layer sizes (0.1 for a quick run)")
+	flag.BoolVar(&cfg.Warmup, "warmup", false, "before each measured fetch, fetch another image of the same layers' sizes through the same mirror process, unmeasured: a mirror that has been running and has learned its path")
 	flag.StringVar(&cfg.Only, "only", "", "measure only this mirror: pullproxy, distribution or baseline")
 	flag.StringVar(&cfg.Baseline, "baseline", "", "also measure this pullproxy binary, as the mirror \"baseline\" (e.g. one built before a change)")
 	flag.StringVar(&cfg.ProxyBin, "pullproxy", "", "a pullproxy binary to measure instead of building ./cmd/pullproxy")
@@ -170,6 +173,15 @@ func setup(ctx context.Context, cfg config) (*bench, error) {
 	}
 	b.blobs = append(b.blobs, pushed.Config)
 	b.blobs = append(b.blobs, pushed.Layers...)
+	if cfg.Warmup {
+		img.Tag, img.Seed = "warmup", 2
+		warm, err := b.reg.Push(ctx, img)
+		if err != nil {
+			b.close()
+			return nil, fmt.Errorf("pushing the warm-up image: %w", err)
+		}
+		b.warm = append(append(b.warm, warm.Config), warm.Layers...)
+	}
 	for _, d := range b.blobs {
 		b.bytes += d.Size
 	}

@@ -113,7 +113,10 @@ func (b *bench) measureAll(ctx context.Context) []result {
 }
 
 // coldFetch starts a mirror with an empty data dir, fetches every blob
-// through it once, and returns the CPU time it spent doing so.
+// through it once, and returns the CPU time it spent doing so. With
+// -warmup, the mirror first fetches the warm-up image's blobs, unmeasured:
+// the measured blobs are still absent from its store, but the process has
+// learned its path as a running mirror has.
 func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 	m, err := start(ctx)
 	if err != nil {
@@ -121,6 +124,14 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 	}
 	defer m.stop()
 	pid := m.cmd.Process.Pid
+	if len(b.warm) > 0 {
+		if err := b.fetchBlobs(ctx, m, b.warm); err != nil {
+			return sample{}, fmt.Errorf("%s: warming up: %w; its log ends with:\n%s", m.name, err, strings.Join(m.logTail(), "\n"))
+		}
+		if _, err := waitQuiet(ctx, pid); err != nil {
+			return sample{}, err
+		}
+	}
 	before, err := benchrun.ReadCPUTime(pid)
 	if err != nil {
 		return sample{}, err
@@ -192,11 +203,17 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 // fetchAll fetches every blob once with curl, cfg.Parallel at a time, and
 // checks each response's status and size.
 func (b *bench) fetchAll(ctx context.Context, m *mirror) error {
+	return b.fetchBlobs(ctx, m, b.blobs)
+}
+
+// fetchBlobs fetches blobs once each with curl, cfg.Parallel at a time, and
+// checks each response's status and size.
+func (b *bench) fetchBlobs(ctx context.Context, m *mirror, blobs []registrytest.Descriptor) error {
 	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(b.cfg.Parallel)
-	for _, d := range b.blobs {
+	for _, d := range blobs {
 		g.Go(func() error { return curl(gctx, m.blobURL(d), d) })
 	}
 	return g.Wait()

@@ -32,6 +32,11 @@ func printTable(w io.Writer, rep report) {
 		"Read calls and context switches are the mirror's (/proc/PID/io syscr, /proc/PID/task/*/status), over the same window. "+
 		"Runs per mirror: %d; worst is the largest run, per column.\n\n",
 		rep.Blobs, float64(rep.BlobBytes)/mib, cfg.Parallel, float64(cfg.Bandwidth)/1e6, cfg.Runs)
+	if cfg.Warmup {
+		fmt.Fprintf(w, "Warm process: before each measured fetch, the same mirror process fetched another image of "+
+			"the same layers' sizes through the same path, unmeasured, as a mirror that has been running would have; "+
+			"the measured blobs were still absent from its store.\n\n")
+	}
 	fmt.Fprintln(w, "| mirror | user s, median | sys s, median | total CPU s, median | user s, worst | sys s, worst "+
 		"| total CPU s, worst | machine CPU s, median | machine CPU s, worst | wall s, median | upstream connections, median | read calls, median | context switches, median | note |")
 	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
