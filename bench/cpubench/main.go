@@ -52,7 +52,7 @@ type config struct {
 	Scale      float64 `json:"scale"`
 	LayerSizes []int64 `json:"layer_sizes"`
 	Only       string  `json:"only,omitempty"`
-	Warmup     bool    `json:"warmup,omitempty"` // each mirror first fetched another image of the same layers' sizes, unmeasured
+	Warmup     bool    `json:"warmup,omitempty"`              // each mirror first fetched another image of the same layers' sizes, unmeasured
 	Baseline   string  `json:"baseline_binary,omitempty"`     // another pullproxy, measured as a third mirror
 	ProxyBin   string  `json:"pullproxy_binary,omitempty"`    // a prebuilt pullproxy instead of ./cmd/pullproxy
 	DistBin    string  `json:"distribution_binary,omitempty"` // a prebuilt distproxy instead of ./bench/cpubench/distproxy
