@@ -53,9 +53,11 @@ bench-pull:
 bench-serve:
 	$(GO) run ./bench/servebench -runs 3 -json bench/serve-results.json
 
-## bench-cpu: CPU time of a cold fetch, pullproxy against distribution's proxy mode
+## bench-cpu: CPU time of a cold fetch, pullproxy against distribution's proxy mode: a mirror's first fetch
+## after it starts, and one by a mirror process that has fetched another image (-warmup)
 bench-cpu:
 	$(GO) run ./bench/cpubench -runs 3 -json bench/cpu-results.json
+	$(GO) run ./bench/cpubench -runs 3 -warmup -json bench/cpu-warm-results.json
 
 ## bench-deps: install what the benchmarks drive besides containerd (Debian; as root)
 bench-deps:
