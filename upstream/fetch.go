@@ -149,6 +149,7 @@ type blobFetch struct {
 
 	mu        sync.Mutex
 	inflight  []claimed     // ranges claimed by workers
+	lastID    uint64        // the id of the last range claimed
 	watcher   int           // the worker that, with nothing to claim, watches those in flight (see hedgeLocked); 0: none
 	location  *url.URL      // where the registry redirected blob GETs: reused until refused
 	noRange   bool          // the endpoint ignores Range: one stream from the first missing byte
@@ -172,8 +173,11 @@ type blobFetch struct {
 type span struct{ start, end int64 }
 
 // claimed is a range a worker fetches, and what hedgeLocked knows of it.
+// A hedge may claim the very range of the chunk it hedges: the id tells
+// them apart.
 type claimed struct {
 	span
+	id     uint64
 	seen   int64      // its first missing byte when last looked at
 	seenAt time.Time  // when seen or read last moved (or the range was claimed)
 	hedged bool       // its rest was claimed again
@@ -449,8 +453,9 @@ func (f *blobFetch) watch(id int) time.Duration {
 
 // chunk is a claimed byte range, and how to ask for it.
 type chunk struct {
-	start, end int64 // end is -1 when the size is not known yet
-	open       bool  // ask for bytes=start- and accept a 200
+	start, end int64  // end is -1 when the size is not known yet
+	open       bool   // ask for bytes=start- and accept a 200
+	id         uint64 // its entry in inflight; 0: none (a stream, see noRange)
 }
 
 // target is where the next chunk's request goes: the registry's redirect
@@ -485,8 +490,7 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 		f.sizing, f.sized = true, make(chan struct{})
 		// Claimed like any chunk: the size is known as soon as its answer
 		// comes, and a worker that claims then must not ask for it again.
-		f.inflight = append(f.inflight, claimed{span: span{0, size}, seen: 0, seenAt: time.Now()})
-		return chunk{start: 0, end: size}, true, nil
+		return f.trackLocked(chunk{start: 0, end: size}, time.Now()), true, nil
 	case f.noRange:
 		if f.streaming {
 			return chunk{}, false, nil
@@ -506,8 +510,7 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 		}
 		if c, ok := f.gapFrom(off, size, room); ok {
 			c.end = f.endgame(c, blobSize, free)
-			f.inflight = append(f.inflight, claimed{span: span{c.start, c.end}, seen: c.start, seenAt: time.Now()})
-			return c, true, nil
+			return f.trackLocked(c, time.Now()), true, nil
 		}
 	}
 	if c, ok := f.hedgeLocked(time.Now()); ok {
@@ -556,10 +559,18 @@ func (f *blobFetch) hedgeLocked(now time.Time) (chunk, bool) {
 		}
 		s.hedged = true
 		f.hedges.Add(1)
-		f.inflight = append(f.inflight, claimed{span: span{missing, s.end}, seen: missing, seenAt: now})
-		return chunk{start: missing, end: s.end}, true
+		return f.trackLocked(chunk{start: missing, end: s.end}, now), true
 	}
 	return chunk{}, false
+}
+
+// trackLocked enters chunk c, just claimed, in inflight under a new id, and
+// returns it with that id. Called with f.mu held.
+func (f *blobFetch) trackLocked(c chunk, now time.Time) chunk {
+	f.lastID++
+	c.id = f.lastID
+	f.inflight = append(f.inflight, claimed{span: span{c.start, c.end}, id: c.id, seen: c.start, seenAt: now})
+	return c
 }
 
 // hedgeAfter is how long a chunk in flight may bring nothing before its
@@ -650,21 +661,22 @@ func (f *blobFetch) release(c chunk) {
 		f.streaming = false
 	}
 	for i, s := range f.inflight {
-		if s.start == c.start {
+		if s.id == c.id {
 			f.inflight = append(f.inflight[:i], f.inflight[i+1:]...)
 			break
 		}
 	}
 }
 
-// attach records that the request for chunk c went out on conn (after a
-// redirect, the target's connection), so that hedgeLocked can tell a silent
-// path from a reader that lags.
+// attach records that the request for chunk c went out on conn, so that
+// hedgeLocked can tell a silent path from a reader that lags. After a
+// redirect the target's connection, which carries the body, replaces the
+// registry's.
 func (f *blobFetch) attach(c chunk, conn *chunkConn) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := range f.inflight {
-		if s := &f.inflight[i]; s.start == c.start && s.end == c.end && !s.hedged && (s.conn == nil || s.conn == conn) {
+		if s := &f.inflight[i]; s.id == c.id && c.id != 0 {
 			s.conn, s.read = conn, conn.read.Load()
 			return
 		}

@@ -204,36 +204,13 @@ func TestFetchBlobSlowAnswerIsNoStall(t *testing.T) {
 // longer than hedgeAfter is not claimed again while its connection still
 // brings bytes: read and held (see gather), or delivered by the path and
 // waiting unread in the socket for a reader starved of CPU. Once nothing
-// moves and nothing waits, it is.
+// moves and nothing waits, it is. The connection that counts is the last
+// the chunk's request went out on: after a redirect, the target's.
 func TestClaimLeavesALaggingReader(t *testing.T) {
 	t.Parallel()
 	const mib = 1 << 20
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		s, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- s
-	}()
-	raw, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { raw.Close() })
-	server, ok := <-accepted
-	if !ok {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { server.Close() })
-	conn := &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: raw, first: 10 * time.Second, idle: 10 * time.Second}}
-	conn.sock, _ = raw.(*net.TCPConn).SyscallConn()
+	registry, _ := chunkConnPair(t)
+	conn, server := chunkConnPair(t)
 
 	w := newMemBlobWriter(4 * mib)
 	if _, err := w.WriteAt(make([]byte, 3*mib), 0); err != nil {
@@ -241,8 +218,10 @@ func TestClaimLeavesALaggingReader(t *testing.T) {
 	}
 	f := &blobFetch{w: w, r: &Registry{fetch: FetchConfig{StallTimeout: 2 * time.Second}}, ep: &endpoint{pipe: &pipe{}}, workers: 8}
 	long := time.Now().Add(-time.Second) // longer ago than hedgeAfter
-	rest := chunk{start: 3 * mib, end: 4 * mib}
-	f.inflight = []claimed{{span: span{rest.start, rest.end}, seen: rest.start, seenAt: long}}
+	f.mu.Lock()
+	rest := f.trackLocked(chunk{start: 3 * mib, end: 4 * mib}, long)
+	f.mu.Unlock()
+	f.attach(rest, registry) // answered with a redirect
 	f.attach(rest, conn)
 	claim := func(what string, want bool) {
 		t.Helper()
@@ -270,4 +249,37 @@ func TestClaimLeavesALaggingReader(t *testing.T) {
 
 	f.inflight[0].seenAt = long
 	claim("nothing read, nothing waiting", true)
+}
+
+// chunkConnPair returns a chunk connection on loopback, with its socket's
+// mark and queue reachable, and the server's end of it.
+func chunkConnPair(t *testing.T) (*chunkConn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		s, err := ln.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- s
+	}()
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	server, ok := <-accepted
+	if !ok {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { server.Close() })
+	c := &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: raw, first: 10 * time.Second, idle: 10 * time.Second}}
+	c.sock, _ = raw.(*net.TCPConn).SyscallConn()
+	return c, server
 }
