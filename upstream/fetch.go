@@ -177,7 +177,7 @@ type span struct{ start, end int64 }
 // them apart.
 type claimed struct {
 	span
-	id     uint64
+	id     uint64     // its chunk's (see trackLocked)
 	seen   int64      // its first missing byte when last looked at
 	seenAt time.Time  // when seen or read last moved (or the range was claimed)
 	hedged bool       // its rest was claimed again
@@ -673,10 +673,13 @@ func (f *blobFetch) release(c chunk) {
 // redirect the target's connection, which carries the body, replaces the
 // registry's.
 func (f *blobFetch) attach(c chunk, conn *chunkConn) {
+	if c.id == 0 {
+		return // a stream: never hedged
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i := range f.inflight {
-		if s := &f.inflight[i]; s.id == c.id && c.id != 0 {
+		if s := &f.inflight[i]; s.id == c.id {
 			s.conn, s.read = conn, conn.read.Load()
 			return
 		}
