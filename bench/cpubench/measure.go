@@ -156,7 +156,7 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 	}
 	relayBefore := b.relay.Stats()
 	began := time.Now()
-	if err := b.fetchAll(ctx, m); err != nil {
+	if err := b.fetchBlobs(ctx, m, b.blobs); err != nil {
 		return sample{}, fmt.Errorf("%s: %w; its log ends with:\n%s", m.name, err, strings.Join(m.logTail(), "\n"))
 	}
 	wall := time.Since(began)
@@ -198,12 +198,6 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 	}
 	s.Total = s.User + s.Sys
 	return s, nil
-}
-
-// fetchAll fetches every blob once with curl, cfg.Parallel at a time, and
-// checks each response's status and size.
-func (b *bench) fetchAll(ctx context.Context, m *mirror) error {
-	return b.fetchBlobs(ctx, m, b.blobs)
 }
 
 // fetchBlobs fetches blobs once each with curl, cfg.Parallel at a time, and
