@@ -553,7 +553,9 @@ func (f *blobFetch) hedgeLocked(now time.Time) (chunk, bool) {
 			continue
 		case s.conn != nil && s.conn.queued() > 0:
 			// The path delivered bytes its reader, starved of CPU, has
-			// not taken: asking again would only fetch them twice.
+			// not taken: asking again would only fetch them twice. (An
+			// ioctl that never blocks, made only for a chunk silent for
+			// hedgeAfter: fine under f.mu.)
 			s.seenAt = now
 			continue
 		}
