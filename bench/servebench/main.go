@@ -38,6 +38,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
@@ -78,8 +80,21 @@ func main() {
 	flag.DurationVar(&cfg.Warmup, "warmup", 2*time.Second, "length of the unrecorded warm-up of each server and blob (0: none)")
 	timeout := flag.Duration("timeout", 0, "bound on the whole benchmark (default: enough for every run, plus 5 minutes)")
 	keep := flag.Bool("keep", false, "keep the work dir (logs, data dirs, nginx.conf)")
+	only := flag.String("blobs", "", `measure only these blob sizes, comma-separated names ("2 MiB"); default: all`)
 	flag.Parse()
 	cfg.Threads, cfg.Blobs = 2, blobSpecs
+	if *only != "" {
+		cfg.Blobs = nil
+		for _, b := range blobSpecs {
+			if slices.Contains(strings.Split(*only, ","), b.Name) {
+				cfg.Blobs = append(cfg.Blobs, b)
+			}
+		}
+		if len(cfg.Blobs) == 0 {
+			log.Fatalf("servebench: -blobs %q names none of the blob sizes (%q, %q, %q)", *only,
+				blobSpecs[0].Name, blobSpecs[1].Name, blobSpecs[2].Name)
+		}
+	}
 	if cfg.Runs < 1 || cfg.Duration <= 0 {
 		log.Fatal("servebench: -runs must be at least 1 and -duration positive")
 	}

@@ -21,8 +21,10 @@ func printTable(w io.Writer, rep report) {
 	cfg := rep.Config
 	fmt.Fprintf(w, "%s\n\n", rep.Provenance)
 	fmt.Fprintf(w, "wrk, %d threads, keep-alive, %v per run, %d runs; each cell: requests/s and GiB/s as wrk "+
-		"reports them, and the server's CPU time per request (user + system, from /proc; distribution's includes "+
-		"the idle benchmark process it runs in), median (worst).\n\n", cfg.Threads, cfg.Duration, cfg.Runs)
+		"reports them, the server's CPU time per request (user + system, from /proc; distribution's includes "+
+		"the idle benchmark process it runs in), and the whole machine's busy time per request (/proc/stat: the "+
+		"server, wrk and the kernel's work for both) with the share of the machine busy over the run; median "+
+		"(worst).\n\n", cfg.Threads, cfg.Duration, cfg.Runs)
 	fmt.Fprintf(w, "| blob | connections | %s |\n", strings.Join(servers, " | "))
 	fmt.Fprintf(w, "| --- | ---: |%s\n", strings.Repeat(" ---: |", len(servers)))
 	for _, b := range cfg.Blobs {
@@ -44,8 +46,10 @@ func cell(results []result, blob, server string) string {
 			return "failed: " + first
 		}
 		const gib = 1 << 30
-		return fmt.Sprintf("%.0f (%.0f) req/s, %.2f (%.2f) GiB/s, %.1f (%.1f) CPU-µs/req", r.RequestsPerSec.Median,
-			r.RequestsPerSec.Worst, r.BytesPerSec.Median/gib, r.BytesPerSec.Worst/gib, r.CPUMicros.Median, r.CPUMicros.Worst)
+		return fmt.Sprintf("%.0f (%.0f) req/s, %.2f (%.2f) GiB/s, %.1f (%.1f) CPU-µs/req, machine %.1f (%.1f) CPU-µs/req, "+
+			"%.0f%% (%.0f%%) busy", r.RequestsPerSec.Median, r.RequestsPerSec.Worst, r.BytesPerSec.Median/gib,
+			r.BytesPerSec.Worst/gib, r.CPUMicros.Median, r.CPUMicros.Worst, r.MachineMicros.Median, r.MachineMicros.Worst,
+			100*r.MachineBusy.Median, 100*r.MachineBusy.Worst)
 	}
 	return ""
 }

@@ -7,6 +7,8 @@ import (
 	"log"
 	"os/exec"
 	"regexp"
+	"runtime"
+	"slices"
 	"strconv"
 	"time"
 
@@ -24,6 +26,15 @@ type wrkRun struct {
 	// processes) during the run, per request completed, in µs: measured
 	// from /proc, less sensitive to a busy machine than requests/s.
 	ServerCPUMicros float64 `json:"server_cpu_us_per_request"`
+	// MachineCPUMicros is the whole machine's busy time (/proc/stat, all
+	// CPUs) per request: the server, wrk and the kernel's work for both. A
+	// server cheaper in its own time can still cost the machine more, and
+	// on a machine that wrk and the server share, requests/s follows this.
+	MachineCPUMicros float64 `json:"machine_cpu_us_per_request"`
+	// MachineBusy is the share of the machine's CPU time that was busy over
+	// the run: below 1, the server and wrk left processors idle, waiting on
+	// each other.
+	MachineBusy float64 `json:"machine_busy"`
 }
 
 var (
@@ -98,6 +109,8 @@ type result struct {
 	RequestsPerSec benchrun.Summary `json:"requests_per_second"`
 	BytesPerSec    benchrun.Summary `json:"bytes_per_second"`
 	CPUMicros      benchrun.Summary `json:"server_cpu_us_per_request"`
+	MachineMicros  benchrun.Summary `json:"machine_cpu_us_per_request"`
+	MachineBusy    benchrun.Summary `json:"machine_busy"`
 	Error          string           `json:"error,omitempty"`
 }
 
@@ -110,7 +123,8 @@ func measureAll(ctx context.Context, cfg config, e *env) []result {
 	for bi, b := range cfg.Blobs {
 		for si, s := range servers {
 			idx[[2]int{bi, si}] = len(results)
-			results = append(results, result{Server: s, Blob: b.Name, Connections: b.Connections, URL: e.urls[s][bi]})
+			at := slices.IndexFunc(blobSpecs, func(x blobSpec) bool { return x.Name == b.Name }) // e.urls' order
+			results = append(results, result{Server: s, Blob: b.Name, Connections: b.Connections, URL: e.urls[s][at]})
 		}
 	}
 	if cfg.Warmup > 0 {
@@ -137,11 +151,23 @@ func measureAll(ctx context.Context, cfg config, e *env) []result {
 					r.Error = err.Error()
 					continue
 				}
+				machineBefore, err := benchrun.ReadMachineCPU()
+				if err != nil {
+					r.Error = err.Error()
+					continue
+				}
+				start := time.Now()
 				w, err := runWrk(ctx, r.URL, cfg.Threads, b.Connections, cfg.Duration)
 				if err != nil {
 					r.Error = err.Error()
 					continue
 				}
+				machineAfter, err := benchrun.ReadMachineCPU()
+				if err != nil {
+					r.Error = err.Error()
+					continue
+				}
+				wall := time.Since(start)
 				after, err := benchrun.ReadCPUTime(pids...)
 				if err != nil {
 					r.Error = err.Error()
@@ -149,21 +175,26 @@ func measureAll(ctx context.Context, cfg config, e *env) []result {
 				}
 				if w.Requests > 0 {
 					w.ServerCPUMicros = after.Sub(before).Total() / float64(w.Requests) * 1e6
+					w.MachineCPUMicros = (machineAfter - machineBefore) / float64(w.Requests) * 1e6
 				}
-				log.Printf("run %d/%d, %s, %s: %.0f req/s, %.1f MiB/s, %.1f CPU-µs/request", run+1, cfg.Runs, b.Name,
-					r.Server, w.RequestsPerSec, w.BytesPerSec/(1<<20), w.ServerCPUMicros)
+				w.MachineBusy = (machineAfter - machineBefore) / (wall.Seconds() * float64(runtime.NumCPU()))
+				log.Printf("run %d/%d, %s, %s: %.0f req/s, %.1f MiB/s, %.1f CPU-µs/request (machine %.1f, %.0f%% busy)",
+					run+1, cfg.Runs, b.Name, r.Server, w.RequestsPerSec, w.BytesPerSec/(1<<20), w.ServerCPUMicros,
+					w.MachineCPUMicros, 100*w.MachineBusy)
 				r.Runs = append(r.Runs, w)
 			}
 		}
 	}
 	for i := range results {
 		r := &results[i]
-		var rps, bps, cpu []float64
+		var rps, bps, cpu, machine, busy []float64
 		for _, w := range r.Runs {
 			rps, bps, cpu = append(rps, w.RequestsPerSec), append(bps, w.BytesPerSec), append(cpu, w.ServerCPUMicros)
+			machine, busy = append(machine, w.MachineCPUMicros), append(busy, w.MachineBusy)
 		}
 		r.RequestsPerSec, r.BytesPerSec = summarize(rps), summarize(bps)
-		r.CPUMicros = benchrun.Summarise(cpu, false)
+		r.CPUMicros, r.MachineMicros = benchrun.Summarise(cpu, false), benchrun.Summarise(machine, false)
+		r.MachineBusy = benchrun.Summarise(busy, true)
 	}
 	return results
 }
