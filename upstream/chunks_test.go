@@ -277,6 +277,44 @@ func TestFetchBlobBudgetAdapts(t *testing.T) {
 	}
 }
 
+// TestFetchBlobRenewsConnectionsOnACleanPath: once probes have grown the
+// budget and no session was cut, a connection that used its allowance
+// carries on with another budget's worth instead of being replaced by one
+// in slow start, never past max_connection_budget. (That a cut stops it is
+// TestBudget's "renewal".)
+func TestFetchBlobRenewsConnectionsOnACleanPath(t *testing.T) {
+	t.Parallel()
+	const (
+		initial   = 16 << 10
+		maxBudget = 4 << 20
+		size      = 4 << 20
+	)
+	blob := randomBlob(size)
+	s := &rangeServer{blob: blob}
+	srv := newCountingServer(t, s)
+	cfg := FetchConfig{ConnectionBudget: initial, MinConnectionBudget: initial, MaxConnectionBudget: maxBudget, ParallelChunks: 1}
+	r := newFetchRegistry(t, cfg, []string{srv.URL})
+	w := newMemBlobWriter(-1)
+	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+		t.Fatalf("got %v, want no error", err)
+	}
+	checkBlob(t, w, blob)
+	budget := r.endpoints[0].budget.get()
+	conns := map[*countingConn]bool{}
+	var most int64
+	for _, g := range s.getRequests() {
+		conns[g.conn] = true
+		most = max(most, g.conn.written.Load())
+	}
+	if most > maxBudget+headerAllowance {
+		t.Errorf("a connection carried %v bytes, want at most max_connection_budget, %v, and its headers", most, maxBudget)
+	}
+	if most <= cleanGrowth*budget+headerAllowance {
+		t.Errorf("the most a connection carried: %v bytes, want more than a probe of the budget, %v, could (%d connections)",
+			most, cleanGrowth*budget, len(conns))
+	}
+}
+
 // TestFetchBlobStallResumes: the first answer stops sending part-way; the
 // chunk is abandoned after StallTimeout and asked for again from its first
 // missing byte.
@@ -1057,17 +1095,16 @@ func TestBudget(t *testing.T) {
 		checkNext(t, b, t0, 32*mib, false) // at MaxBudget
 		check(t, "budget", b.get(), 32*mib)
 	})
-	t.Run("adopted once the probes in flight settle", func(t *testing.T) {
+	t.Run("no more probes in flight than wins still needed", func(t *testing.T) {
 		t.Parallel()
 		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
 		probes(t, b, growAfter-2, t0)
 		checkNext(t, b, t0, 4*mib, true)
 		checkNext(t, b, t0, 4*mib, true)
-		checkNext(t, b, t0, 4*mib, true)
+		checkNext(t, b, t0, mib, false) // two wins to go, two in flight: a third would only hold the adoption
 		check(t, "the growAfter-1-th", b.completed(4*mib, true), 0)
-		check(t, "the growAfter-th, with one in flight", b.completed(4*mib, true), 0)
-		checkNext(t, b, t0, mib, false) // enough won: no more probes while the last settles
-		check(t, "the last in flight settles: adopted", b.completed(4*mib, true), 4*mib)
+		checkNext(t, b, t0, mib, false)
+		check(t, "the growAfter-th, the last in flight: adopted", b.completed(4*mib, true), 4*mib)
 	})
 	t.Run("a cut restarts the count of probes", func(t *testing.T) {
 		t.Parallel()
@@ -1174,6 +1211,40 @@ func TestBudget(t *testing.T) {
 		}
 		// Seven points: 3/4 of the third smallest, past two outliers.
 		checkNext(t, b, t0, 2_300_000*3/4, true)
+	})
+	t.Run("renewal", func(t *testing.T) {
+		t.Parallel()
+		renewal := func(t *testing.T, b *budget, what string, now time.Time, carried, want int64) {
+			t.Helper()
+			got, ok := b.renewal(now, carried)
+			if ok != (want > 0) || got != want {
+				t.Errorf("%s: renewal after %v bytes: got %v, %v, want %v", what, carried, got, ok, want)
+			}
+		}
+		renewable := func(t *testing.T, b *budget, what string, now time.Time, want bool) {
+			t.Helper()
+			if got := b.renewable(now); got != want {
+				t.Errorf("%s: renewable: got %v, want %v", what, got, want)
+			}
+		}
+		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 16 * mib})
+		renewal(t, b, "the budget where it started", t0, mib, 0)
+		renewable(t, b, "the budget where it started", t0, false)
+		probes(t, b, growAfter, t0)
+		renewable(t, b, "grown on a clean path", t0, true)
+		check(t, "budget", b.get(), 4*mib)
+		renewal(t, b, "grown on a clean path", t0, 4*mib, 8*mib)
+		renewal(t, b, "another budget's worth, up to the ceiling", t0, 14*mib, 16*mib)
+		renewal(t, b, "at the ceiling", t0, 16*mib-minChunk+1, 0)
+		b.cut(20*mib, false, "reset", t0) // above the budget: it stays, and the path cuts
+		check(t, "budget", b.get(), 4*mib)
+		renewal(t, b, "a recent cut", t0.Add(cutMemory-time.Second), 4*mib, 0)
+		renewable(t, b, "a recent cut", t0.Add(cutMemory-time.Second), false)
+		renewal(t, b, "the cut forgotten", t0.Add(cutMemory), 4*mib, 8*mib)
+
+		fixed, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: 4 * mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
+		renewal(t, fixed, "a fixed budget", t0, 4*mib, 0)
+		renewable(t, fixed, "a fixed budget", t0, false)
 	})
 	t.Run("fixed", func(t *testing.T) {
 		t.Parallel()

@@ -114,7 +114,7 @@ func (d *chunkDialer) get(ctx context.Context, network string, key dialKey) (net
 	}
 	if p := probeFrom(ctx); p != nil && p.attached.CompareAndSwap(false, true) {
 		if cc := asChunkConn(c); cc != nil {
-			cc.probe = p
+			cc.probe.Store(p)
 		}
 	}
 	return c, nil
@@ -270,9 +270,10 @@ func hostPort(scheme, host string) string {
 type chunkConn struct {
 	idleTimeoutConn
 	read    atomic.Int64
-	retired atomic.Bool // closed, or to be closed: no chunk is planned on it
-	inUse   atomic.Bool // a chunk's request went out on it and is not done
-	probe   *probeConn  // nil: held to its endpoint's current budget
+	retired atomic.Bool               // closed, or to be closed: no chunk is planned on it
+	inUse   atomic.Bool               // a chunk's request went out on it and is not done
+	probe   atomic.Pointer[probeConn] // nil: held to its endpoint's current budget (or to granted)
+	granted atomic.Int64              // the allowance the budget renewed it with (see lane.spent); 0: none
 
 	// The socket's receive low-water mark (see lowat.go).
 	sock     syscall.RawConn // the TCP socket; nil: no mark is set
@@ -318,8 +319,8 @@ func (c *chunkConn) queued() int {
 // learns of the break, which is a cut.
 func (c *chunkConn) Close() error {
 	c.retired.Store(true)
-	if c.probe != nil && !c.inUse.Load() {
-		c.probe.failed()
+	if p := c.probe.Load(); p != nil && !c.inUse.Load() {
+		p.failed()
 	}
 	return c.idleTimeoutConn.Close()
 }
@@ -329,8 +330,8 @@ func (c *chunkConn) Close() error {
 // and loads here and in Close makes one of them see the other.
 func (c *chunkConn) done() {
 	c.inUse.Store(false)
-	if c.retired.Load() && c.probe != nil {
-		c.probe.failed()
+	if p := c.probe.Load(); p != nil && c.retired.Load() {
+		p.failed()
 	}
 }
 

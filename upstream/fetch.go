@@ -821,9 +821,9 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 		// before this one, handshake and headers included, as the carrier
 		// counts them. A chunk that died before its first byte is no
 		// evidence of a byte-count cut.
-		carried, probe := n, false
+		carried, probe := n, (*probeConn)(nil)
 		if conn != nil {
-			carried, probe = conn.read.Load(), conn.probe != nil
+			carried, probe = conn.read.Load(), conn.probe.Load()
 			conn.retired.Store(true)
 		}
 		if n == 0 {
@@ -834,17 +834,17 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 			cutAt = 0 // abandoned here, not cut by the path: no evidence of a byte count
 		}
 		switch stalled := kind == "stall" || kind == "slow"; {
-		case probe && stalled:
+		case probe != nil && stalled:
 			f.ep.pipe.failed(pipeProbeStall)
-		case probe: // finding where the path cuts is what a probe is for
+		case probe != nil: // finding where the path cuts is what a probe is for
 		case stalled:
 			f.ep.pipe.failed(pipeStall)
 		default:
 			f.ep.pipe.failed(pipeCut)
 		}
 		var next int64
-		if probe {
-			next = conn.probe.cut(cutAt, kind)
+		if probe != nil {
+			next = probe.cut(cutAt, kind)
 		} else {
 			next = f.ep.budget.cut(cutAt, false, kind, time.Now())
 		}
@@ -858,11 +858,15 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunk
 	chunks.WithLabelValues("complete").Inc()
 	f.stats.chunk("complete", "")
 	f.ep.health.chunk(time.Now(), false)
-	if conn != nil && (c.open || resp.StatusCode != http.StatusPartialContent ||
-		conn.allowance(f.ep)-conn.read.Load() < minChunk) {
-		// Used up, or carried a whole stream: a probe on it won.
+	switch {
+	case conn == nil:
+	case c.open || resp.StatusCode != http.StatusPartialContent:
+		// Carried a whole stream: a probe on it won.
 		resp.Body.Close()
 		l.retire(conn)
+	case conn.allowance(f.ep)-conn.read.Load() < minChunk:
+		resp.Body.Close()
+		l.spent(conn, f.ep) // used up: renewed on a clean path, else retired
 	}
 	return fresh, nil
 }

@@ -62,13 +62,14 @@ func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 	}
 	key := keyOf(u)
 	if c := l.conns[key]; c != nil {
+		left := c.allowance(ep) - c.read.Load()
+		if !c.retired.Load() && left < minChunk && l.spent(c, ep) {
+			left = c.allowance(ep) - c.read.Load()
+		}
 		if !c.retired.Load() {
-			left := c.allowance(ep) - c.read.Load()
-			if left >= minChunk {
-				size := chunkSize(left)
-				return chunkPlan{size: size, room: left, last: left-size < minChunk}
-			}
-			l.retire(c)
+			size := chunkSize(left)
+			last := left-size < minChunk && !ep.budget.renewable(time.Now())
+			return chunkPlan{size: size, room: left, last: last}
 		}
 		delete(l.conns, key)
 	}
@@ -95,17 +96,43 @@ func chunkSize(left int64) int64 {
 // retire closes c, which has used its budget: a probe it carried won.
 func (l *lane) retire(c *chunkConn) {
 	c.retired.Store(true)
-	if c.probe != nil {
-		c.probe.won(c.read.Load())
+	if p := c.probe.Load(); p != nil {
+		p.won(c.read.Load())
 	}
 	c.Close()
+}
+
+// spent settles c, which has used its allowance cleanly (a probe it
+// carried won), and either renews it or retires it. It reports whether c
+// was renewed.
+//
+// Renewed, c carries on with another budget's worth (see
+// budget.renewal): on a path that has cut no session lately and let the
+// budget grow, closing a connection that works only to open one in slow
+// start costs the pull its round trips (at 100 ms a new connection's first
+// MiB takes about nine) and both ends a handshake, and gains no evidence
+// the probes do not already gather. Renewed, it is held to what it was
+// granted, as a regular connection: a cut is recorded as any other.
+func (l *lane) spent(c *chunkConn, ep *endpoint) bool {
+	carried := c.read.Load()
+	if p := c.probe.Load(); p != nil {
+		p.won(carried)
+	}
+	if next, ok := ep.budget.renewal(time.Now(), carried); ok {
+		c.granted.Store(next)
+		c.probe.Store(nil)
+		return true
+	}
+	c.retired.Store(true)
+	c.Close()
+	return false
 }
 
 // probing reports whether one of l's connections carries a probe not yet
 // settled.
 func (l *lane) probing() bool {
 	for _, c := range l.conns {
-		if c.probe != nil && !c.probe.settled.Load() && !c.retired.Load() {
+		if p := c.probe.Load(); p != nil && !p.settled.Load() && !c.retired.Load() {
 			return true
 		}
 	}
@@ -130,11 +157,14 @@ func (l *lane) answered(req *http.Request, c *chunkConn) {
 	l.conns[keyOf(req.URL)] = c
 }
 
-// allowance is how many bytes c may carry: its probe's allowance, or its
-// endpoint's budget now.
+// allowance is how many bytes c may carry: what a renewal granted it, its
+// probe's allowance, or its endpoint's budget now.
 func (c *chunkConn) allowance(ep *endpoint) int64 {
-	if c.probe != nil {
-		return c.probe.allowance
+	if g := c.granted.Load(); g > 0 {
+		return g
+	}
+	if p := c.probe.Load(); p != nil {
+		return p.allowance
 	}
 	return ep.budget.get()
 }

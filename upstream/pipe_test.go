@@ -358,7 +358,9 @@ func TestPipeClosesParkedProbes(t *testing.T) {
 	newConn := func(p *probeConn) *chunkConn {
 		c, peer := net.Pipe()
 		t.Cleanup(func() { c.Close(); peer.Close() })
-		return &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: c}, probe: p}
+		cc := &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: c}}
+		cc.probe.Store(p)
+		return cc
 	}
 	probed := &probeConn{budget: b, allowance: allowance}
 	withProbe := &lane{client: &http.Client{Transport: &http.Transport{}}, conns: map[dialKey]*chunkConn{{addr: "a:443"}: newConn(probed)}}
