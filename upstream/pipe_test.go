@@ -450,6 +450,52 @@ func TestPipeJudgesALongPathsStepLate(t *testing.T) {
 	}
 }
 
+// TestPipeRetriesAStepSoonWhileRamping: a step that brought no goodput is
+// taken back and the limit holds; within rampTime of the first evidence,
+// when a window's goodput says as much about a client's requests still
+// arriving as about the path, it holds only rampHold.
+func TestPipeRetriesAStepSoonWhileRamping(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		judgedAt time.Duration // after the window that stepped
+		wantHold time.Duration
+	}{
+		{"while ramping", time.Second, rampHold},
+		{"after the ramp", rampTime, growthHold},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				p := newTestPipe(64)
+				p.shortTried = true // not the short path's first jump: the step is what is tested
+				p.mu.Lock()
+				defer p.mu.Unlock()
+				p.tickLocked(time.Now()) // the first window starts
+				window := func(d time.Duration, rate float64) string {
+					time.Sleep(d)
+					p.received.Add(int64(rate * d.Seconds()))
+					p.saturated = true
+					why, _ := p.tickLocked(time.Now())
+					return why
+				}
+				window(time.Second, 30e6)
+				if p.limit != 64 {
+					t.Fatalf("after the first window: limit %d, want a step to 64", p.limit)
+				}
+				why := window(tt.judgedAt, 30e6)
+				if p.limit != 32 {
+					t.Fatalf("after the step brought nothing: limit %d (%q), want 32", p.limit, why)
+				}
+				if got := p.holdUntil.Sub(time.Now()); got != tt.wantHold {
+					t.Errorf("hold: got %v, want %v", got, tt.wantHold)
+				}
+			})
+		})
+	}
+}
+
 // TestPipeNearestEndFirst: a free slot goes to a blob holding none, else to
 // the blob with the fewest bytes left, whatever the order they wait in.
 func TestPipeNearestEndFirst(t *testing.T) {
