@@ -58,8 +58,9 @@ func (ep *endpoint) name() string {
 // than a wave). On a path with no recent cut, a quarter of the connections
 // probe at once (no more than the wins still needed), cleanGrowth times the
 // budget, so that the budget grows in few connection lifetimes. A size is
-// adopted only once every probe in flight has settled: a probe that stalls is a failure known late,
-// and holds the others' wins until it is. A probe's connection carries
+// adopted only once every probe in flight has settled: a probe that stalls
+// is a failure known late, and holds the others' wins until it is. A
+// probe's connection carries
 // ordinary chunks (see lane): the budget bounds sessions, not chunks, so a
 // larger one changes how often a connection is opened, never the order in
 // which a blob arrives.

@@ -115,16 +115,14 @@ func (l *lane) retire(c *chunkConn) {
 // granted, as a regular connection: a cut is recorded as any other.
 func (l *lane) spent(c *chunkConn, ep *endpoint) bool {
 	carried := c.read.Load()
-	if p := c.probe.Load(); p != nil {
-		p.won(carried)
+	if p := c.probe.Swap(nil); p != nil {
+		p.won(carried) // first: its win may grow the budget, which allows the renewal
 	}
 	if next, ok := ep.budget.renewal(time.Now(), carried); ok {
 		c.granted.Store(next)
-		c.probe.Store(nil)
 		return true
 	}
-	c.retired.Store(true)
-	c.Close()
+	l.retire(c)
 	return false
 }
 
