@@ -25,6 +25,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -70,14 +71,30 @@ type bench struct {
 }
 
 func main() {
-	cfg, jsonOut, proxyLogs := parseFlags()
-	if err := run(context.Background(), cfg, jsonOut, proxyLogs); err != nil {
+	cfg, jsonOut, proxyLogs, cpuProfile := parseFlags()
+	if cpuProfile != "" {
+		// The harness's own work (the registry's TLS, the carrier's
+		// shaping) shares the machine with the pulls it measures.
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+	}
+	err := run(context.Background(), cfg, jsonOut, proxyLogs)
+	if cpuProfile != "" {
+		pprof.StopCPUProfile()
+	}
+	if err != nil {
 		log.Fatal(err)
 	}
 }
 
-func parseFlags() (cfg config, jsonOut, proxyLogs string) {
+func parseFlags() (cfg config, jsonOut, proxyLogs, cpuProfile string) {
 	flag.StringVar(&jsonOut, "json", "", "write results as JSON to this file")
+	flag.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of pullbench itself (registry, carrier, taps) to this file")
 	flag.StringVar(&proxyLogs, "proxy-logs", "", "write each pullproxy's debug log to a file in this directory")
 	flag.IntVar(&cfg.Runs, "runs", 3, "runs per measurement; the median and the worst run are reported")
 	flag.Int64Var(&cfg.Bandwidth, "bandwidth", 64e6, "shared bandwidth cap of the carrier, bytes/s")
@@ -104,7 +121,7 @@ func parseFlags() (cfg config, jsonOut, proxyLogs string) {
 		cfg.LayerSizes = append(cfg.LayerSizes, int64(float64(s*mib)*cfg.Scale))
 	}
 	cfg.LayerSizes = append(cfg.LayerSizes, 1*mib, 512<<10, 256<<10, 100<<10)
-	return cfg, jsonOut, proxyLogs
+	return cfg, jsonOut, proxyLogs, cpuProfile
 }
 
 func run(ctx context.Context, cfg config, jsonOut, proxyLogs string) error {
@@ -152,7 +169,7 @@ func setup(ctx context.Context, cfg config) (*bench, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	if b.reg, err = registrytest.Start(ctx, filepath.Join(dir, "registry"), registrytest.WithTLS()); err != nil {
+	if b.reg, err = registrytest.Start(ctx, filepath.Join(dir, "registry"), registrytest.WithTLS(), registrytest.WithBlobRedirects()); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting the registry: %w", err)
 	}

@@ -426,3 +426,51 @@ func TestTLS(t *testing.T) {
 		t.Errorf("GET without the CA: got %v, want a certificate error", err)
 	}
 }
+
+func TestBlobRedirects(t *testing.T) {
+	t.Parallel()
+	r := startRegistry(t, WithBlobRedirects())
+	img := Image{Repo: "org/app", Tag: "v1", LayerSizes: []int64{300 << 10}, Seed: 4}
+	pushed, err := r.Push(t.Context(), img)
+	if err != nil {
+		t.Fatalf("Push: %v", err)
+	}
+	want := layerBytes(t, img, 0)
+	blobURL := r.URL() + "/v2/org/app/blobs/" + pushed.Layers[0].Digest.String()
+
+	noFollow := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := noFollow.Get(blobURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	loc := resp.Header.Get("Location")
+	if resp.StatusCode != http.StatusTemporaryRedirect || !strings.HasPrefix(loc, r.URL()+blobStorePrefix+"/") {
+		t.Fatalf("GET %s: got %d to %q, want 307 to %s%s/…", blobURL, resp.StatusCode, loc, r.URL(), blobStorePrefix)
+	}
+
+	for _, tc := range []struct {
+		rng        string
+		status     int
+		start, end int
+	}{
+		{"", http.StatusOK, 0, len(want)},
+		{"bytes=1000-204799", http.StatusPartialContent, 1000, 204800},
+		{"bytes=204800-", http.StatusPartialContent, 204800, len(want)},
+	} {
+		header := map[string]string{}
+		if tc.rng != "" {
+			header["Range"] = tc.rng
+		}
+		resp, b := get(t, blobURL, header)
+		if resp.StatusCode != tc.status || !bytes.Equal(b, want[tc.start:tc.end]) {
+			t.Errorf("GET %q, redirect followed: got %d and %d bytes, want %d and bytes %d-%d of the layer",
+				tc.rng, resp.StatusCode, len(b), tc.status, tc.start, tc.end-1)
+		}
+	}
+	// Manifests are served by the registry itself.
+	resp, _ = get(t, r.URL()+"/v2/org/app/manifests/v1", map[string]string{"Accept": ocispec.MediaTypeImageManifest})
+	if resp.StatusCode != http.StatusOK || resp.Request.URL.Path != "/v2/org/app/manifests/v1" {
+		t.Errorf("GET manifest: got %d from %s, want 200 from the registry", resp.StatusCode, resp.Request.URL.Path)
+	}
+}
