@@ -103,13 +103,18 @@ const (
 	// minConnections is the least the limit shrinks to.
 	minConnections = 2
 	// minTrimmed is the least trimming takes the limit to, and where a
-	// short path's limit goes at its first measurement. With fewer, each
-	// connection's replacement (its budget spent) leaves a gap that the
-	// others do not fill: through 4 on a clean 64 MB/s path, windows
-	// measured 95-98% of the cap, and at 2 a pull took 5% longer than
-	// containerd's own; through 64, the client took the last MiB in flight
-	// after the path had delivered them, and pulls took 1.03x (pullbench).
-	minTrimmed = 8
+	// short path's limit goes at its first measurement. Each connection
+	// more on a blob is bytes written ahead of the hashed prefix, read
+	// back to be hashed: with connections renewed on a clean path, a fetch
+	// of the incident's image through a mirror that had run before took
+	// 2.41 CPU-s through at least 4 connections against 2.81 through 8
+	// (cpubench -warmup, medians of 3), and pulls at 0 ms took 1.01x
+	// containerd's own either way (pullbench). Fewer than 4, when each
+	// connection was replaced after a MiB, left gaps the others did not
+	// fill: at 2 a pull took 5% longer than containerd's own. Trimming
+	// stops anyway where goodput falls (trimKeep). Through 64, the client
+	// took the last MiB in flight after the path had delivered them.
+	minTrimmed = 4
 	// minStalled is the least stalls take the limit to. Stalled
 	// connections hold their slots until stall_timeout, and a budget just
 	// grown past a stalling carrier's cut-off has many stall at once: at 8
