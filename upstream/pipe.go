@@ -27,7 +27,8 @@ import (
 // down to minTrimmed, the last step taken back once it does not; not on a
 // path that cut or stalled a session in the last staleRate, nor on a long
 // path (see shortLocked). A short path goes to minTrimmed at once, at its
-// first measurement, judged as trimming is. Each connection costs CPU at
+// first measurement, judged as trimming is, and a long one starts at the
+// ceiling. Each connection costs CPU at
 // both ends, and a short path stays full with a few. A regular chunk cut
 // (the path cutting below the budget) takes one connection off, one that
 // stalls a quarter (not below minStalled), 429 and 503 (the upstream
@@ -97,8 +98,9 @@ type pipeWaiter struct {
 
 const (
 	// initialConnections is where an endpoint's limit starts: enough for a
-	// cold pull across a 40 ms path to start near full speed, and a
-	// measurement away from filling a 100 ms one.
+	// cold pull across a 40 ms path to start near full speed. A path known
+	// to be short starts lower, one known to be long at the ceiling (see
+	// startShortLocked, startLongLocked).
 	initialConnections = 32
 	// minConnections is the least the limit shrinks to.
 	minConnections = 2
@@ -138,6 +140,9 @@ const (
 	// trimMaxSetup: a path whose connections take longer to open is not
 	// trimmed.
 	trimMaxSetup = 20 * time.Millisecond
+	// longSetup: a path whose connections take this long to open (TCP's
+	// and TLS's round trips of 50 ms) starts at the ceiling.
+	longSetup = 100 * time.Millisecond
 )
 
 func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
@@ -151,10 +156,18 @@ func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, fligh
 // returns errFinished, without a lane, once owner's blob is complete.
 func (p *pipe) acquire(ctx context.Context, owner *blobFetch) (*lane, error) {
 	p.mu.Lock()
-	if from := p.limit; p.winStart.IsZero() && p.startShortLocked() {
-		// Logged on the way out, the lock released.
-		defer p.log.Debug("chunk connection limit changed", "from", from, "to", p.limit,
-			"why", "a short path: starting with fewer connections", "setup", p.setup())
+	if from := p.limit; p.winStart.IsZero() {
+		why := ""
+		switch {
+		case p.startShortLocked():
+			why = "a short path: starting with fewer connections"
+		case p.startLongLocked():
+			why = "a long path: starting with more connections"
+		}
+		if why != "" {
+			// Logged on the way out, the lock released.
+			defer p.log.Debug("chunk connection limit changed", "from", from, "to", p.limit, "why", why, "setup", p.setup())
+		}
 	}
 	if p.inflight < p.limit && len(p.waiters) == 0 {
 		l := p.grantLocked(owner)
@@ -423,6 +436,23 @@ func (p *pipe) startShortLocked() bool {
 	}
 	p.shortTried = true
 	p.limit = minTrimmed
+	p.limitG.Set(float64(p.limit))
+	return true
+}
+
+// startLongLocked takes the limit to the ceiling before the endpoint's
+// first chunk when the path is already known to be long: its connections
+// open in longSetup or more (see startShortLocked). It reports whether it
+// did. Across such a path each connection spends its first round trips
+// opening and in slow start, and initialConnections of them are a
+// measurement away from filling it: at 100 ms, 32 connections carried 3-25
+// MB/s of a 64 MB/s path in a pull's first window, and the step to 64
+// came 2-2.5 s into the pull (pullbench).
+func (p *pipe) startLongLocked() bool {
+	if p.limit >= p.max || p.setup == nil || p.setup() < longSetup {
+		return false
+	}
+	p.limit = p.max
 	p.limitG.Set(float64(p.limit))
 	return true
 }

@@ -74,7 +74,8 @@ func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64,
 // 64 connections that fill the link; on a short one, where 4 connections
 // fill it (or 16), a step that brings nothing is taken back, and the limit
 // then shrinks towards the few that keep the link full, unless connections
-// take long to open (a long path). The limit checked is the median of those
+// take long to open (a long path, which starts at the ceiling and stays
+// there). The limit checked is the median of those
 // sampled over the second half-minute: at its ceiling, the limit tries a
 // step down every growthHold.
 func TestPipeGrowsToFillThePath(t *testing.T) {
@@ -90,8 +91,8 @@ func TestPipeGrowsToFillThePath(t *testing.T) {
 		// does not always tell from full.
 		{"medium path", 4e6, time.Millisecond, 15, 32},
 		{"short path", 16e6, time.Millisecond, 4, 8},
-		{"few connections fill a path with long set-up: not trimmed", 16e6, 200 * time.Millisecond,
-			initialConnections, initialConnections},
+		// A long path starts at the ceiling (see startLongLocked).
+		{"few connections fill a path with long set-up: not trimmed", 16e6, 200 * time.Millisecond, 64, 64},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -229,11 +230,11 @@ func TestPipeShortPathStartsFew(t *testing.T) {
 	}
 }
 
-// TestPipeStartsAShortPathWithFew: before its first chunk, a pipe to a path
+// TestPipeStartsByThePathsLength: before its first chunk, a pipe to a path
 // known to be short (its metadata connections opened quickly) goes to
-// minTrimmed connections; to a long one, or one not known yet, it opens
-// initialConnections.
-func TestPipeStartsAShortPathWithFew(t *testing.T) {
+// minTrimmed connections, and one to a long path to the ceiling; to a path
+// in between, or one not known yet, it opens initialConnections.
+func TestPipeStartsByThePathsLength(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name  string
@@ -241,7 +242,8 @@ func TestPipeStartsAShortPathWithFew(t *testing.T) {
 		want  int
 	}{
 		{"short path", time.Millisecond, minTrimmed},
-		{"long path", 200 * time.Millisecond, initialConnections},
+		{"40 ms path", 80 * time.Millisecond, initialConnections},
+		{"long path", 200 * time.Millisecond, 64},
 		{"not known yet", 0, initialConnections},
 	}
 	for _, tt := range tests {
