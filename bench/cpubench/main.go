@@ -10,8 +10,9 @@
 // and no cuts. Each mirror runs as a process of its own with an empty data
 // dir: the pullproxy binary (./cmd/pullproxy), and distproxy
 // (./bench/cpubench/distproxy), distribution's registry with `proxy:
-// remoteurl:` pointing at the relay. curl fetches every blob of the image
-// once through the mirror, three at a time as containerd does, and the
+// remoteurl:` pointing at the relay. curl fetches the image's manifests
+// through the mirror one after another, then every blob of the image once,
+// three at a time, as containerd does, and the
 // mirror's CPU time (user and system, all threads, from /proc/PID/stat) is
 // read from just before the first request to when the last response has
 // ended and the mirror has gone quiet (its work after the last byte, such
@@ -59,15 +60,17 @@ type config struct {
 }
 
 type bench struct {
-	cfg      config
-	dir      string
-	proxyBin string
-	distBin  string
-	reg      *registrytest.Registry
-	relay    *carrier.Relay
-	blobs    []registrytest.Descriptor // what curl fetches: the config, then the layers
-	bytes    int64                     // their total size
-	warm     []registrytest.Descriptor // with -warmup: another image's blobs, fetched before the measured ones
+	cfg           config
+	dir           string
+	proxyBin      string
+	distBin       string
+	reg           *registrytest.Registry
+	relay         *carrier.Relay
+	manifests     []string                  // what curl fetches first, as a client resolving the image: its tag (the index), then its manifest's digest
+	blobs         []registrytest.Descriptor // then these: the config, then the layers
+	bytes         int64                     // the blobs' total size
+	warmManifests []string                  // with -warmup: another image's, fetched before the measured ones
+	warm          []registrytest.Descriptor // and its blobs
 }
 
 func main() {
@@ -171,6 +174,7 @@ func setup(ctx context.Context, cfg config) (*bench, error) {
 		b.close()
 		return nil, fmt.Errorf("pushing the image: %w", err)
 	}
+	b.manifests = []string{img.Tag, pushed.Manifest.Digest.String()}
 	b.blobs = append(b.blobs, pushed.Config)
 	b.blobs = append(b.blobs, pushed.Layers...)
 	if cfg.Warmup {
@@ -180,6 +184,7 @@ func setup(ctx context.Context, cfg config) (*bench, error) {
 			b.close()
 			return nil, fmt.Errorf("pushing the warm-up image: %w", err)
 		}
+		b.warmManifests = []string{img.Tag, warm.Manifest.Digest.String()}
 		b.warm = append(append(b.warm, warm.Config), warm.Layers...)
 	}
 	for _, d := range b.blobs {

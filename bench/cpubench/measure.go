@@ -125,7 +125,7 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 	defer m.stop()
 	pid := m.cmd.Process.Pid
 	if len(b.warm) > 0 {
-		if err := b.fetchBlobs(ctx, m, b.warm); err != nil {
+		if err := b.fetchImage(ctx, m, b.warmManifests, b.warm); err != nil {
 			return sample{}, fmt.Errorf("%s: warming up: %w; its log ends with:\n%s", m.name, err, strings.Join(m.logTail(), "\n"))
 		}
 		if _, err := waitQuiet(ctx, pid); err != nil {
@@ -156,7 +156,7 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 	}
 	relayBefore := b.relay.Stats()
 	began := time.Now()
-	if err := b.fetchBlobs(ctx, m, b.blobs); err != nil {
+	if err := b.fetchImage(ctx, m, b.manifests, b.blobs); err != nil {
 		return sample{}, fmt.Errorf("%s: %w; its log ends with:\n%s", m.name, err, strings.Join(m.logTail(), "\n"))
 	}
 	wall := time.Since(began)
@@ -200,11 +200,20 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 	return s, nil
 }
 
-// fetchBlobs fetches blobs once each with curl, cfg.Parallel at a time, and
-// checks each response's status and size.
-func (b *bench) fetchBlobs(ctx context.Context, m *mirror, blobs []registrytest.Descriptor) error {
+// fetchImage fetches an image through m with curl as a client pulling it
+// does: its manifests one after another (the tag, then the manifest's
+// digest), then its blobs once each, cfg.Parallel at a time. It checks each
+// response's status, and each blob's size. (A mirror learns from the
+// manifests' requests how far its upstream is before the first blob, as
+// in every pull.)
+func (b *bench) fetchImage(ctx context.Context, m *mirror, manifests []string, blobs []registrytest.Descriptor) error {
 	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
+	for _, ref := range manifests {
+		if err := curlManifest(ctx, m.manifestURL(ref)); err != nil {
+			return err
+		}
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(b.cfg.Parallel)
 	for _, d := range blobs {
@@ -224,6 +233,25 @@ func curl(ctx context.Context, url string, d registrytest.Descriptor) error {
 	}
 	if want := fmt.Sprintf("200 %d", d.Size); string(out) != want {
 		return fmt.Errorf("curl %s: got status and size %q, want %q", url, out, want)
+	}
+	return nil
+}
+
+// manifestAccept is what containerd accepts for a manifest.
+const manifestAccept = "application/vnd.oci.image.index.v1+json, application/vnd.oci.image.manifest.v1+json, " +
+	"application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json"
+
+func curlManifest(ctx context.Context, url string) error {
+	cmd := exec.CommandContext(ctx, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Accept: "+manifestAccept,
+		"--max-time", strconv.Itoa(int(fetchTimeout.Seconds())), url)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("curl %s: %w: %s", url, err, bytes.TrimSpace(stderr.Bytes()))
+	}
+	if string(out) != "200" {
+		return fmt.Errorf("curl %s: got status %s, want 200", url, out)
 	}
 	return nil
 }

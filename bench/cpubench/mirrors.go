@@ -27,7 +27,7 @@ type mirror struct {
 	cmd     *exec.Cmd
 	addr    string // host:port it serves on
 	dataDir string
-	query   string                               // appended to blob URLs
+	query   string                               // appended to blob and manifest URLs
 	stored  func(registrytest.Descriptor) string // where the store keeps a blob
 	exited  chan struct{}                        // closed once the process has exited
 	logTail func() []string                      // its last log lines, for errors
@@ -164,6 +164,12 @@ func (m *mirror) stop() {
 
 func (m *mirror) blobURL(d registrytest.Descriptor) string {
 	return "http://" + m.addr + "/v2/" + repo + "/blobs/" + d.Digest.String() + m.query
+}
+
+// manifestURL is where the mirror serves the manifest ref (a tag or a
+// digest).
+func (m *mirror) manifestURL(ref string) string {
+	return "http://" + m.addr + "/v2/" + repo + "/manifests/" + ref + m.query
 }
 
 // checkStored hashes every blob the mirror stored and compares it with its
