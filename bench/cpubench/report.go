@@ -22,7 +22,8 @@ type report struct {
 func printTable(w io.Writer, rep report) {
 	cfg := rep.Config
 	fmt.Fprintf(w, "%s\n\n", rep.Provenance)
-	fmt.Fprintf(w, "Cold fetch of %d blobs, %.1f MiB, each once with curl, %d at a time, through the mirror; "+
+	fmt.Fprintf(w, "Cold fetch of an image through the mirror with curl: its manifests one after another, then "+
+		"its %d blobs, %.1f MiB, each once, %d at a time; "+
 		"a clean %.0f MB/s path from the mirror to its upstream. CPU time of the mirror process (all threads, "+
 		"/proc/PID/stat) from the first request until it is quiet after the last response. "+
 		"Machine CPU is the whole machine's busy time (/proc/stat) over the same window, closed by a sync, less "+

@@ -3,7 +3,9 @@
 // 60% of TCP sessions after 1.3–3.1 MB, under one shared bandwidth cap, at
 // round-trip times of 0, 40 and 100 ms (each session paying a set-up round
 // trip and TCP slow start; the registry speaks TLS with a test CA, whose
-// handshake crosses the path too): containerd pulling directly (the
+// handshake crosses the path too, and redirects blob GETs to its storage,
+// served by the same server, as ECR and Docker Hub redirect to theirs):
+// containerd pulling directly (the
 // baseline, on a clean path and on the carrier), and through pullproxy cold
 // and warm; and two pullproxy replicas sharing a bucket (MinIO, on this
 // machine), one pulling after the other and both at once. It prints a

@@ -24,7 +24,7 @@ func printTable(w io.Writer, rep report) {
 	fmt.Fprintf(w, "Image: %d layers, %.1f MiB. Carrier: %.0f%% of sessions cut after %.1f–%.1f MB (\"carrier\" rows; "+
 		"\"clean path\" rows: no cuts), %.0f MB/s shared; at a round-trip time above 0 each session waits %d round "+
 		"trip(s) of set-up and then TCP slow start (10 segments doubling each round trip); the registry speaks "+
-		"TLS. Runs per measurement: %d. Times are measured by pullbench: a containerd pull from ctr's first "+
+		"TLS and answers blob GETs with a redirect to its storage. Runs per measurement: %d. Times are measured by pullbench: a containerd pull from ctr's first "+
 		"connection to ctr's exit, the other rows from the first request to the last byte received. "+
 		"\"Of the link\" is the image's bytes over the median time, as a share of the cap (computed, not measured). "+
 		"\"Head / unused / tail\": from the pull's start to the first byte the carrier carried from the registry; "+
