@@ -185,6 +185,16 @@ type claimed struct {
 	read   int64      // conn's bytes read when last looked at
 }
 
+// holdsAny reports whether the span holds one of offs.
+func (s span) holdsAny(offs []int64) bool {
+	for _, off := range offs {
+		if s.start <= off && off < s.end {
+			return true
+		}
+	}
+	return false
+}
+
 // left is about how many of the blob's bytes are still to arrive (a byte
 // sent again counts as arrived twice), or MaxInt64 while the size is
 // unknown. The pipe asks it under its lock, for every waiter: it takes the
@@ -503,6 +513,15 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 		return chunk{start: start, end: blobSize, open: true}, true, nil
 	}
 	wanted := f.w.Wanted() // nil unless readers wait: no allocation per chunk
+	if len(wanted) > 0 {
+		// A chunk a client waits on that went silent is asked for again
+		// now, not at the blob's end: the client reads in order, so
+		// everything after it waits too, until stall_timeout ends its
+		// connection.
+		if c, ok := f.hedgeLocked(time.Now(), wanted); ok {
+			return c, true, nil
+		}
+	}
 	for i := 0; i <= len(wanted); i++ {
 		off := int64(0) // after the wanted offsets, from the start
 		if i < len(wanted) {
@@ -513,7 +532,7 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 			return f.trackLocked(c, time.Now()), true, nil
 		}
 	}
-	if c, ok := f.hedgeLocked(time.Now()); ok {
+	if c, ok := f.hedgeLocked(time.Now(), nil); ok {
 		return c, true, nil
 	}
 	return chunk{}, false, nil
@@ -521,7 +540,9 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 
 // hedgeLocked claims again the rest of a chunk in flight that has brought
 // nothing for hedgeAfter (no byte written, none read from its connection,
-// none waiting unread in the socket), once nothing else is left to claim.
+// none waiting unread in the socket): one holding an offset in wanted, where
+// clients wait, or, with wanted nil, once nothing else is left to claim,
+// any.
 // The socket is looked at because a reader starved of CPU (a busy node)
 // looks silent too, and asking again would only fetch its bytes twice. Its
 // connection may have gone silent (a carrier that stalls sessions), which
@@ -532,11 +553,11 @@ func (f *blobFetch) claim(size, room int64, free int) (chunk, bool, <-chan struc
 // written (see copyBody). Bytes the silent request received but still holds
 // for a larger write (see gather) are asked for again. Called with f.mu
 // held.
-func (f *blobFetch) hedgeLocked(now time.Time) (chunk, bool) {
+func (f *blobFetch) hedgeLocked(now time.Time, wanted []int64) (chunk, bool) {
 	after := f.hedgeAfter()
 	for i := range f.inflight {
 		s := &f.inflight[i]
-		if s.hedged {
+		if s.hedged || wanted != nil && !s.holdsAny(wanted) {
 			continue
 		}
 		missing, _ := f.w.Missing(s.start)

@@ -1431,6 +1431,41 @@ func TestClaimNearTheEnd(t *testing.T) {
 	}
 }
 
+// TestClaimHedgesASilentChunkAClientWaitsOn: a chunk in flight that holds
+// the offset a client waits at, silent for hedgeAfter, is claimed again
+// before the rest of the blob; a silent one that no client waits on is left
+// for the blob's end.
+func TestClaimHedgesASilentChunkAClientWaitsOn(t *testing.T) {
+	t.Parallel()
+	const mib = 1 << 20
+	long := time.Now().Add(-time.Second) // longer ago than hedgeAfter
+	tests := []struct {
+		name      string
+		wanted    []int64
+		wantStart int64
+		wantEnd   int64
+	}{
+		{"a client waits in the silent chunk", []int64{mib + 100}, mib + 100, 2 * mib},
+		{"no client waits", nil, 2 * mib, 3 * mib},
+		{"a client waits elsewhere", []int64{5 * mib}, 5 * mib, 6 * mib},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := newMemBlobWriter(8 * mib)
+			if _, err := w.WriteAt(make([]byte, mib+100), 0); err != nil { // 100 bytes of the second MiB in
+				t.Fatal(err)
+			}
+			w.wanted = tt.wanted
+			f := &blobFetch{w: w, r: &Registry{fetch: FetchConfig{StallTimeout: 2 * time.Second}}, ep: &endpoint{pipe: &pipe{}}, workers: 8}
+			f.inflight = []claimed{{span: span{mib, 2 * mib}, seen: mib + 100, seenAt: long}}
+			c, ok, _ := f.claim(mib, mib, 0)
+			if !ok || c.start != tt.wantStart || c.end != tt.wantEnd {
+				t.Errorf("claimed %d-%d (%v), want %d-%d", c.start, c.end, ok, tt.wantStart, tt.wantEnd)
+			}
+		})
+	}
+}
+
 // TestClaimHedgesASilentChunk: with nothing else left to claim, the rest of
 // a chunk in flight that has brought nothing for hedgeAfter is claimed
 // again, once; one still bringing bytes is left alone.
