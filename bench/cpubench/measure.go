@@ -217,24 +217,30 @@ func (b *bench) fetchImage(ctx context.Context, m *mirror, manifests []string, b
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(b.cfg.Parallel)
 	for _, d := range blobs {
-		g.Go(func() error { return curl(gctx, m.blobURL(d), d) })
+		g.Go(func() error { return curlBlob(gctx, m.blobURL(d), d) })
 	}
 	return g.Wait()
 }
 
-func curl(ctx context.Context, url string, d registrytest.Descriptor) error {
-	cmd := exec.CommandContext(ctx, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code} %{size_download}",
-		"--max-time", strconv.Itoa(int(fetchTimeout.Seconds())), url)
+// curl GETs url with extra arguments args, discarding the body, and checks
+// that curl's -w output (status, and size where asked) is want.
+func curl(ctx context.Context, url, want string, args ...string) error {
+	args = append(args, "-sS", "-o", "/dev/null", "--max-time", strconv.Itoa(int(fetchTimeout.Seconds())), url)
+	cmd := exec.CommandContext(ctx, "curl", args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
 		return fmt.Errorf("curl %s: %w: %s", url, err, bytes.TrimSpace(stderr.Bytes()))
 	}
-	if want := fmt.Sprintf("200 %d", d.Size); string(out) != want {
-		return fmt.Errorf("curl %s: got status and size %q, want %q", url, out, want)
+	if string(out) != want {
+		return fmt.Errorf("curl %s: got %q, want %q", url, out, want)
 	}
 	return nil
+}
+
+func curlBlob(ctx context.Context, url string, d registrytest.Descriptor) error {
+	return curl(ctx, url, fmt.Sprintf("200 %d", d.Size), "-w", "%{http_code} %{size_download}")
 }
 
 // manifestAccept is what containerd accepts for a manifest.
@@ -242,18 +248,7 @@ const manifestAccept = "application/vnd.oci.image.index.v1+json, application/vnd
 	"application/vnd.docker.distribution.manifest.list.v2+json, application/vnd.docker.distribution.manifest.v2+json"
 
 func curlManifest(ctx context.Context, url string) error {
-	cmd := exec.CommandContext(ctx, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Accept: "+manifestAccept,
-		"--max-time", strconv.Itoa(int(fetchTimeout.Seconds())), url)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return fmt.Errorf("curl %s: %w: %s", url, err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	if string(out) != "200" {
-		return fmt.Errorf("curl %s: got status %s, want 200", url, out)
-	}
-	return nil
+	return curl(ctx, url, "200", "-w", "%{http_code}", "-H", "Accept: "+manifestAccept)
 }
 
 // waitQuiet waits until the process spends no CPU time for quietPolls polls
