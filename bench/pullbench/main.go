@@ -84,6 +84,7 @@ func main() {
 		if err := pprof.StartCPUProfile(f); err != nil {
 			log.Fatal(err)
 		}
+		defer f.Close()
 	}
 	err := run(context.Background(), cfg, jsonOut, proxyLogs)
 	if cpuProfile != "" {
