@@ -435,7 +435,9 @@ func (p *pipe) startShortLocked() bool {
 		return false
 	}
 	p.shortTried = true
-	p.limit = minTrimmed
+	// Trimmed before the first chunk: a stall takes it back (see failed),
+	// as it does a limit trimmed later.
+	p.untrimmed, p.limit = p.limit, minTrimmed
 	p.limitG.Set(float64(p.limit))
 	return true
 }

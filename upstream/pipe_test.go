@@ -233,7 +233,8 @@ func TestPipeShortPathStartsFew(t *testing.T) {
 // TestPipeStartsByThePathsLength: before its first chunk, a pipe to a path
 // known to be short (its metadata connections opened quickly) goes to
 // minTrimmed connections, and one to a long path to the ceiling; to a path
-// in between, or one not known yet, it opens initialConnections.
+// in between, or one not known yet, it opens initialConnections. A stall
+// takes a short start back to initialConnections.
 func TestPipeStartsByThePathsLength(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -270,6 +271,11 @@ func TestPipeStartsByThePathsLength(t *testing.T) {
 				t.Errorf("limit at the second chunk: got %v, want %v", got, tt.want)
 			}
 			p.release(owner, l, time.Millisecond)
+			// A stall takes a short start back, as it does a trimmed limit.
+			p.failed(pipeProbeStall)
+			if got, want := p.current(), max(tt.want, initialConnections); got != want {
+				t.Errorf("limit after a stall: got %v, want %v", got, want)
+			}
 		})
 	}
 }
