@@ -1388,28 +1388,38 @@ func TestBackoff(t *testing.T) {
 
 // TestClaimNearTheEnd: a chunk claimed where what is left of the blob could
 // be shared with free slots of the pipe is shortened to the rest's share,
-// never below endgameMin; elsewhere, or with no slot or worker of the blob's
-// free, it keeps the size asked for.
+// never below endgameMin; on a clean path (a budget of several chunks) the
+// blob's chunks in flight share it too, each in endgameShares claims;
+// elsewhere, or with no slot or worker of the blob's free, it keeps the
+// size asked for.
 func TestClaimNearTheEnd(t *testing.T) {
 	t.Parallel()
 	const mib = 1 << 20
+	threeInFlight := []span{{8 * mib, 9 * mib}, {9 * mib, 10 * mib}, {10 * mib, 11 * mib}}
 	tests := []struct {
 		name      string
 		size      int64  // the blob's
 		written   int64  // its first bytes already in
 		inflight  []span // claimed by other workers
 		free      int
+		several   bool // the connection's budget holds several chunks
 		wantStart int64
 		wantEnd   int64
 		workers   int // 0: 64
 	}{
-		{"far from the end", 8 * mib, 0, nil, 4, 0, mib, 0},
-		{"no free slot", 8 * mib, 7 * mib, nil, 0, 7 * mib, 8 * mib, 0},
-		{"the last MiB, three free slots", 8 * mib, 7 * mib, nil, 3, 7 * mib, 7*mib + 256<<10, 0},
-		{"the last MiB, many free slots", 8 * mib, 7 * mib, nil, 63, 7 * mib, 7*mib + endgameMin, 0},
-		{"what others hold is not shared", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 1, 7 * mib, 7*mib + 512<<10, 0},
-		{"two MiB left, one free slot", 8 * mib, 6 * mib, nil, 1, 6 * mib, 7 * mib, 0},
-		{"no worker free", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 8, 7 * mib, 8 * mib, 2},
+		{"far from the end", 8 * mib, 0, nil, 4, false, 0, mib, 0},
+		{"no free slot", 8 * mib, 7 * mib, nil, 0, false, 7 * mib, 8 * mib, 0},
+		{"the last MiB, three free slots", 8 * mib, 7 * mib, nil, 3, false, 7 * mib, 7*mib + 256<<10, 0},
+		{"the last MiB, many free slots", 8 * mib, 7 * mib, nil, 63, false, 7 * mib, 7*mib + endgameMin, 0},
+		{"what others hold is not shared", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 1, false, 7 * mib, 7*mib + 512<<10, 0},
+		{"two MiB left, one free slot", 8 * mib, 6 * mib, nil, 1, false, 6 * mib, 7 * mib, 0},
+		{"no worker free", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 8, false, 7 * mib, 8 * mib, 2},
+		// 5 MiB left, shared by this chunk and three in flight, in four
+		// claims each: 320 KiB.
+		{"a clean path: chunks in flight share the rest", 16 * mib, 8 * mib, threeInFlight, 0, true, 11 * mib, 11*mib + 320<<10, 0},
+		{"a clean path, far from the end", 64 * mib, 8 * mib, threeInFlight, 0, true, 11 * mib, 12 * mib, 0},
+		{"a path that cuts: chunks in flight do not share", 16 * mib, 8 * mib, threeInFlight, 0, false, 11 * mib, 12 * mib, 0},
+		{"a clean path, never below endgameMin", 9 * mib, 8 * mib, []span{{8 * mib, 8*mib + 512<<10}}, 0, true, 8*mib + 512<<10, 8*mib + 512<<10 + endgameMin, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1423,7 +1433,7 @@ func TestClaimNearTheEnd(t *testing.T) {
 			for _, s := range tt.inflight {
 				f.inflight = append(f.inflight, claimed{span: s, seen: s.start})
 			}
-			c, ok, _ := f.claim(mib, mib, tt.free)
+			c, ok, _ := f.claim(chunkPlan{size: mib, room: mib, several: tt.several}, tt.free)
 			if !ok || c.start != tt.wantStart || c.end != tt.wantEnd {
 				t.Errorf("claimed %d-%d (%v), want %d-%d", c.start, c.end, ok, tt.wantStart, tt.wantEnd)
 			}
@@ -1458,7 +1468,7 @@ func TestClaimHedgesASilentChunkAClientWaitsOn(t *testing.T) {
 			w.wanted = tt.wanted
 			f := &blobFetch{w: w, r: &Registry{fetch: FetchConfig{StallTimeout: 2 * time.Second}}, ep: &endpoint{pipe: &pipe{}}, workers: 8}
 			f.inflight = []claimed{{span: span{mib, 2 * mib}, seen: mib + 100, seenAt: long}}
-			c, ok, _ := f.claim(mib, mib, 0)
+			c, ok, _ := f.claim(chunkPlan{size: mib, room: mib}, 0)
 			if !ok || c.start != tt.wantStart || c.end != tt.wantEnd {
 				t.Errorf("claimed %d-%d (%v), want %d-%d", c.start, c.end, ok, tt.wantStart, tt.wantEnd)
 			}
@@ -1479,15 +1489,15 @@ func TestClaimHedgesASilentChunk(t *testing.T) {
 	f := &blobFetch{w: w, r: &Registry{fetch: FetchConfig{StallTimeout: 2 * time.Second}}, ep: &endpoint{pipe: &pipe{}}, workers: 8}
 	long := time.Now().Add(-time.Second) // longer ago than hedgeAfter
 	f.inflight = []claimed{{span: span{3 * mib, 4 * mib}, seen: 3 * mib, seenAt: long}}
-	if c, ok, _ := f.claim(mib, mib, 4); ok {
+	if c, ok, _ := f.claim(chunkPlan{size: mib, room: mib}, 4); ok {
 		t.Fatalf("a chunk that brought bytes since last looked at: claimed %d-%d, want nothing", c.start, c.end)
 	}
 	f.inflight[0].seenAt = long
-	c, ok, _ := f.claim(mib, mib, 4)
+	c, ok, _ := f.claim(chunkPlan{size: mib, room: mib}, 4)
 	if !ok || c.start != 3*mib+100 || c.end != 4*mib {
 		t.Fatalf("a silent chunk: claimed %d-%d (%v), want its rest %d-%d", c.start, c.end, ok, 3*mib+100, 4*mib)
 	}
-	if c, ok, _ := f.claim(mib, mib, 4); ok {
+	if c, ok, _ := f.claim(chunkPlan{size: mib, room: mib}, 4); ok {
 		t.Errorf("hedged already: claimed %d-%d, want nothing", c.start, c.end)
 	}
 }

@@ -42,6 +42,8 @@ const (
 	// rather than asked for a short chunk, which would cost a round trip of
 	// its own for little.
 	minChunk = chunkTarget / 2
+	// severalChunks is the least budget that carries several chunks.
+	severalChunks = 2 * chunkTarget
 )
 
 // chunkPlan is how the next chunk on a lane is to be fetched.
@@ -50,6 +52,10 @@ type chunkPlan struct {
 	room  int64      // bytes the connection may still carry: a gap's short rest may join the chunk up to this
 	probe *probeConn // a probe for the connection the chunk opens, or nil
 	last  bool       // the chunk uses up its connection: warm the next one up
+	// several: the connection's budget holds several chunks (a clean
+	// path's), so a chunk cut shorter near a blob's end costs a request,
+	// not a session (see blobFetch.endgame).
+	several bool
 }
 
 // plan sizes the next chunk to u, an address of ep or its redirect target:
@@ -58,7 +64,7 @@ type chunkPlan struct {
 func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 	if l.conns == nil {
 		b := ep.budget.get()
-		return chunkPlan{size: b, room: b}
+		return chunkPlan{size: b, room: b, several: b >= severalChunks}
 	}
 	key := keyOf(u)
 	if c := l.conns[key]; c != nil {
@@ -69,12 +75,12 @@ func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 		if !c.retired.Load() {
 			size := chunkSize(left)
 			last := left-size < minChunk && !ep.budget.renewable(time.Now())
-			return chunkPlan{size: size, room: left, last: last}
+			return chunkPlan{size: size, room: left, last: last, several: c.allowance(ep) >= severalChunks}
 		}
 		delete(l.conns, key)
 	}
 	allowance, probe := ep.budget.next(time.Now(), ep.pipe.current())
-	p := chunkPlan{size: chunkSize(allowance), room: allowance}
+	p := chunkPlan{size: chunkSize(allowance), room: allowance, several: allowance >= severalChunks}
 	p.last = allowance-p.size < minChunk
 	if probe {
 		p.probe = &probeConn{budget: ep.budget, allowance: allowance}

@@ -225,7 +225,7 @@ func TestClaimLeavesALaggingReader(t *testing.T) {
 	f.attach(rest, conn)
 	claim := func(what string, want bool) {
 		t.Helper()
-		c, ok, _ := f.claim(mib, mib, 4)
+		c, ok, _ := f.claim(chunkPlan{size: mib, room: mib}, 4)
 		if ok != want {
 			t.Fatalf("%s: claimed %d-%d (%v), want claimed: %v", what, c.start, c.end, ok, want)
 		}
