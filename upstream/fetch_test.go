@@ -1414,9 +1414,9 @@ func TestClaimNearTheEnd(t *testing.T) {
 		{"what others hold is not shared", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 1, false, 7 * mib, 7*mib + 512<<10, 0},
 		{"two MiB left, one free slot", 8 * mib, 6 * mib, nil, 1, false, 6 * mib, 7 * mib, 0},
 		{"no worker free", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 8, false, 7 * mib, 8 * mib, 2},
-		// 5 MiB left, shared by this chunk and three in flight, in four
-		// claims each: 320 KiB.
-		{"a clean path: chunks in flight share the rest", 16 * mib, 8 * mib, threeInFlight, 0, true, 11 * mib, 11*mib + 320<<10, 0},
+		// 5 MiB left, shared by this chunk and three in flight, each
+		// share in endgameShares (2) claims: 640 KiB.
+		{"a clean path: chunks in flight share the rest", 16 * mib, 8 * mib, threeInFlight, 0, true, 11 * mib, 11*mib + 640<<10, 0},
 		{"a clean path, far from the end", 64 * mib, 8 * mib, threeInFlight, 0, true, 11 * mib, 12 * mib, 0},
 		{"a path that cuts: chunks in flight do not share", 16 * mib, 8 * mib, threeInFlight, 0, false, 11 * mib, 12 * mib, 0},
 		{"a clean path, never below endgameMin", 9 * mib, 8 * mib, []span{{8 * mib, 8*mib + 512<<10}}, 0, true, 8*mib + 512<<10, 8*mib + 512<<10 + endgameMin, 0},
