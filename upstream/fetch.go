@@ -484,8 +484,9 @@ func (f *blobFetch) target() *url.URL {
 // the start; plan.size bytes long at most, or up to plan.room when the rest
 // of the gap would be too short for a chunk of its own, and shorter near
 // the blob's end while free slots of the pipe (free), or on a clean path
-// its other chunks in flight, could share what is left (see endgame). When there is nothing to claim yet but may be soon (the size is
-// being learned), it returns a channel to wait on.
+// its other chunks in flight, could share what is left (see endgame). When
+// there is nothing to claim yet but may be soon (the size is being
+// learned), it returns a channel to wait on.
 func (f *blobFetch) claim(plan chunkPlan, free int) (chunk, bool, <-chan struct{}) {
 	size, room := plan.size, plan.room
 	f.mu.Lock()
