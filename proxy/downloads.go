@@ -104,11 +104,14 @@ func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (inflig
 		if dl.err != nil {
 			return nil, false, dl.err
 		}
-		if dl.partial.Err() == nil {
+		if dl.partial.Err() == nil && !dl.partial.Committed() {
 			return dl.partial, own, nil
 		}
-		// It failed and is on its way out: wait, then start afresh (from
-		// the bytes it kept).
+		// It failed, or it committed and is writing its records before it
+		// leaves the table: wait, then look again. A committed blob is
+		// then served from the store, or fetched anew if it is no longer
+		// there (found damaged and quarantined since the commit); a failed
+		// download starts afresh from the bytes it kept.
 		select {
 		case <-dl.finished:
 		case <-ctx.Done():
