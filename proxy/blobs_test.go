@@ -138,10 +138,11 @@ func TestRestartServesFromDisk(t *testing.T) {
 // response after cut bytes, fails every request after failAfter ones, or
 // serves corrupt bytes.
 type blobServer struct {
-	content   []byte
-	digest    digest.Digest
-	cut       int64         // bytes per response before the connection is dropped; 0: none
-	failAfter int64         // requests answered before every further one gets 500; 0: none
+	content []byte
+	digest  digest.Digest
+	// cut and failAfter may change while a download's requests still run.
+	cut       atomic.Int64  // bytes per response before the connection is dropped; 0: none
+	failAfter atomic.Int64  // requests answered before every further one gets 500; 0: none
 	failGate  chan struct{} // when set, a failing request waits for it to close
 	corrupt   bool
 	holdAt    int64         // offset in the blob at which responses wait for hold to close; 0: none
@@ -166,7 +167,7 @@ func (b *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n := b.requests.Add(1)
-	if b.failAfter > 0 && n > b.failAfter {
+	if fail := b.failAfter.Load(); fail > 0 && n > fail {
 		if b.failGate != nil {
 			select {
 			case <-b.failGate:
@@ -182,8 +183,8 @@ func (b *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		content[len(content)/2] ^= 0xff
 	}
 	var out io.Writer = &sentCounter{w: w, n: &b.sent}
-	if b.cut > 0 {
-		out = &cutWriter{w: out, flush: w.(http.Flusher), left: b.cut}
+	if cut := b.cut.Load(); cut > 0 {
+		out = &cutWriter{w: out, flush: w.(http.Flusher), left: cut}
 	}
 	if b.holdAt > 0 && r.Method == http.MethodGet {
 		if first, _, ok := strings.Cut(strings.TrimPrefix(r.Header.Get("Range"), "bytes="), "-"); ok || r.Header.Get("Range") == "" {
@@ -271,7 +272,7 @@ func TestFetchResumesAfterCuts(t *testing.T) {
 	t.Parallel()
 	content := randomBytes(t, 3<<20)
 	b, srv := newBlobServer(t, content)
-	b.cut = 256 << 10
+	b.cut.Store(256 << 10)
 	e := blobEnv(t, b, srv)
 	resp, body := e.get("GET", "/v2/test/app/blobs/"+b.digest.String()+"?ns="+upstreamName, nil)
 	if resp.StatusCode != 200 || !bytes.Equal(body, content) {
@@ -290,7 +291,8 @@ func TestFailedFetchEndsResponseCleanly(t *testing.T) {
 	t.Parallel()
 	content := randomBytes(t, 2<<20)
 	b, srv := newBlobServer(t, content)
-	b.cut, b.failAfter = 512<<10, 2 // the HEAD and the first chunk are answered
+	b.cut.Store(512 << 10) // the HEAD and the first chunk are answered
+	b.failAfter.Store(2)
 	// The failures wait until the client has its answer's header: the
 	// first chunk's cut is asked for again at once.
 	b.failGate = make(chan struct{})
@@ -312,7 +314,8 @@ func TestFailedFetchEndsResponseCleanly(t *testing.T) {
 			len(got), resp.ContentLength, len(content))
 	}
 
-	b.cut, b.failAfter = 0, 0
+	b.cut.Store(0)
+	b.failAfter.Store(0)
 	if resp, body := e.get("GET", "/v2/test/app/blobs/"+b.digest.String()+"?ns="+upstreamName, nil); resp.StatusCode != 200 || !bytes.Equal(body, content) {
 		t.Errorf("retry after the upstream recovered: status %d, %d bytes", resp.StatusCode, len(body))
 	}
