@@ -227,7 +227,7 @@ func (f *fastPath) serve(ci *connInfo, pending []byte) {
 		f.close(ci)
 		return
 	}
-	src := &bufferedConn{tcp: ci.tcp, pending: pending}
+	src := &bufferedConn{tcp: ci.tcp, pending: pending, raw: ci.raw}
 	br := bufio.NewReaderSize(src, maxFastRequest)
 	for {
 		req, fast, err := f.readRequest(ci.tcp, br)
@@ -364,14 +364,21 @@ func appendBlobHeader(b []byte, d digest.Digest, size int64, date []byte) []byte
 }
 
 // bufferedConn is a TCP connection some of whose bytes were already read:
-// those are read first. It is how a connection goes back to net/http.
+// those are read first. It is how a connection goes back to net/http, and
+// what the blob loop reads requests from.
 type bufferedConn struct {
 	tcp     *net.TCPConn
 	pending []byte
+	// raw, when set, is tcp's, read with raw system calls (see readRaw):
+	// the blob loop's reads.
+	raw syscall.RawConn
 }
 
 func (c *bufferedConn) Read(p []byte) (int, error) {
 	if len(c.pending) == 0 {
+		if c.raw != nil {
+			return readRaw(c.raw, p)
+		}
 		return c.tcp.Read(p)
 	}
 	n := copy(p, c.pending)

@@ -497,3 +497,47 @@ func TestBlobLoopTurnedOff(t *testing.T) {
 		t.Fatal("the blob loop runs though turned off")
 	}
 }
+
+// TestReadRaw: the blob loop's raw reads return what a net.Conn's Read
+// would: the bytes there, a deadline's error, and io.EOF once the peer has
+// closed.
+func TestReadRaw(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tc := c.(*net.TCPConn)
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+
+	tc.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, err := readRaw(raw, buf); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("nothing sent: got %d bytes, %v; want the deadline's error", n, err)
+	}
+	tc.SetReadDeadline(time.Time{})
+	client.Write([]byte("GET /"))
+	if n, err := readRaw(raw, buf); err != nil || string(buf[:n]) != "GET /" {
+		t.Errorf("got %q, %v; want \"GET /\"", buf[:n], err)
+	}
+	if n, err := readRaw(raw, buf[:0]); n != 0 || err != nil {
+		t.Errorf("empty buffer: got %d, %v", n, err)
+	}
+	client.Close()
+	if n, err := readRaw(raw, buf); n != 0 || err != io.EOF {
+		t.Errorf("after the peer closed: got %d bytes, %v; want io.EOF", n, err)
+	}
+}

@@ -40,14 +40,16 @@ func sendBlob(tc *net.TCPConn, raw syscall.RawConn, hdr []byte, fd int, size int
 	}
 	send := func(s uintptr) bool {
 		for len(hdr) > 0 {
-			var n int
-			n, err = syscall.SendmsgN(int(s), hdr, nil, nil, flags)
-			switch {
-			case err == syscall.EINTR:
+			// Raw: the socket is non-blocking (see residency).
+			n, _, e := unix.RawSyscall6(unix.SYS_SENDTO, s, uintptr(unsafe.Pointer(&hdr[0])), uintptr(len(hdr)), uintptr(flags), 0, 0)
+			switch e {
+			case 0:
+			case syscall.EINTR:
 				continue
-			case err == syscall.EAGAIN:
+			case syscall.EAGAIN:
 				return wait()
-			case err != nil:
+			default:
+				err = e
 				return true
 			}
 			hdr, progressed = hdr[n:], true
@@ -146,4 +148,41 @@ func wholeCached(fd int, start, end int64) bool {
 	// Raw too: it counts pages in the cache's index and never sleeps.
 	_, _, e := unix.RawSyscall6(unix.SYS_CACHESTAT, uintptr(fd), uintptr(unsafe.Pointer(&rng)), uintptr(unsafe.Pointer(&st)), 0, 0, 0)
 	return e == 0 && int64(st.Cache) >= pages
+}
+
+// readRaw reads from a non-blocking socket into p with a raw system call,
+// waiting in the network poller while there is nothing to read. A read
+// made as an ordinary system call tells the Go runtime's monitor (see
+// residency) that the process is busy again: on a server that goes idle
+// between requests, the first such call of each busy spell wakes the
+// monitor, which then polls every 20 µs for a millisecond. The blob loop
+// reads every request this way, and sends with raw calls too, so that a
+// node pulling blobs over a kept-alive connection never wakes it.
+func readRaw(raw syscall.RawConn, p []byte) (n int, err error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	var errno syscall.Errno
+	err = raw.Read(func(s uintptr) bool {
+		for {
+			m, _, e := syscall.RawSyscall(syscall.SYS_READ, s, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+			switch e {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false
+			}
+			n, errno = int(m), e
+			return true
+		}
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case errno != 0:
+		return 0, errno
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
 }

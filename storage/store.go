@@ -200,7 +200,7 @@ func (s *Store) OpenBlobFD(ctx context.Context, d digest.Digest) (BlobFD, error)
 	}
 	if c := s.fds.get(d); c != nil {
 		var st syscall.Stat_t
-		err := syscall.Fstat(c.fd, &st)
+		err := fstatCached(c.fd, &st)
 		if err == nil {
 			err = s.checkSize(d, c.fd, st.Size)
 		} else {
