@@ -15,6 +15,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/pullproxy/pullproxy/internal/rawsock"
 	"github.com/pullproxy/pullproxy/storage"
 )
 
@@ -227,7 +228,8 @@ func (f *fastPath) serve(ci *connInfo, pending []byte) {
 		f.close(ci)
 		return
 	}
-	src := &bufferedConn{tcp: ci.tcp, pending: pending, raw: ci.raw}
+	src := &bufferedConn{tcp: ci.tcp, pending: pending}
+	src.raw, _ = rawsock.NewReader(ci.tcp) // nil: read as net.Conn
 	br := bufio.NewReaderSize(src, maxFastRequest)
 	for {
 		req, fast, err := f.readRequest(ci.tcp, br)
@@ -369,15 +371,16 @@ func appendBlobHeader(b []byte, d digest.Digest, size int64, date []byte) []byte
 type bufferedConn struct {
 	tcp     *net.TCPConn
 	pending []byte
-	// raw, when set, is tcp's, read with raw system calls (see readRaw):
-	// the blob loop's reads.
-	raw syscall.RawConn
+	// raw, when set, reads tcp with raw system calls: the blob loop's
+	// reads, which with its raw sends (see sendBlob) never wake the
+	// runtime's monitor (see rawsock).
+	raw *rawsock.Reader
 }
 
 func (c *bufferedConn) Read(p []byte) (int, error) {
 	if len(c.pending) == 0 {
 		if c.raw != nil {
-			return readRaw(c.raw, p)
+			return c.raw.Read(p)
 		}
 		return c.tcp.Read(p)
 	}

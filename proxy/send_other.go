@@ -43,21 +43,3 @@ func sendBlob(c *net.TCPConn, _ syscall.RawConn, hdr []byte, fd int, size int64,
 	}
 	return sent, nil
 }
-
-// readRaw reads from the connection as net.Conn's Read does.
-func readRaw(raw syscall.RawConn, p []byte) (n int, err error) {
-	var rerr error
-	err = raw.Read(func(s uintptr) bool {
-		n, rerr = syscall.Read(int(s), p)
-		return rerr != syscall.EAGAIN
-	})
-	switch {
-	case err != nil:
-		return 0, err
-	case rerr != nil:
-		return 0, rerr
-	case n == 0 && len(p) > 0:
-		return 0, io.EOF
-	}
-	return n, nil
-}

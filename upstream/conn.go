@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/pullproxy/pullproxy/internal/rawsock"
 )
 
 // FetchConfig tunes how blobs are fetched. The zero value of a field means
@@ -157,6 +159,18 @@ type idleTimeoutConn struct {
 	net.Conn
 	first, idle time.Duration
 	answered    atomic.Bool // a byte arrived since the last write
+	// rd, when set, reads Conn (a TCP socket) with raw system calls: a
+	// fetch's reads come as its packets do, and would otherwise keep the
+	// runtime's monitor awake (see rawsock).
+	rd *rawsock.Reader
+}
+
+// recv reads from the connection, with rd when set.
+func (c *idleTimeoutConn) recv(p []byte) (int, error) {
+	if c.rd != nil {
+		return c.rd.Read(p)
+	}
+	return c.Conn.Read(p)
 }
 
 func (c *idleTimeoutConn) Write(p []byte) (int, error) {
@@ -178,7 +192,7 @@ func (c *idleTimeoutConn) Read(p []byte) (int, error) {
 	if err := c.Conn.SetReadDeadline(time.Now().Add(wait)); err != nil {
 		return 0, err
 	}
-	n, err := c.Conn.Read(p)
+	n, err := c.recv(p)
 	if n > 0 {
 		c.answered.Store(true)
 	}

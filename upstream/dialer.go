@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/pullproxy/pullproxy/internal/rawsock"
 )
 
 // chunkDialer opens the connections blob chunks travel on. A connection
@@ -129,8 +131,11 @@ func (d *chunkDialer) open(ctx context.Context, network string, key dialKey) (ne
 		return nil, err
 	}
 	cc := &chunkConn{idleTimeoutConn: idleTimeoutConn{Conn: raw, first: d.first, idle: d.idle}}
-	if tcp, ok := raw.(*net.TCPConn); ok && lowatSupported {
-		cc.sock, _ = tcp.SyscallConn()
+	if tcp, ok := raw.(*net.TCPConn); ok {
+		cc.rd, _ = rawsock.NewReader(tcp)
+		if lowatSupported {
+			cc.sock, _ = tcp.SyscallConn()
+		}
 	}
 	var c net.Conn = cc
 	if key.secure {

@@ -133,7 +133,7 @@ func (c *chunkConn) readMarked(p []byte) (int, error) {
 		if err := c.Conn.SetReadDeadline(next); err != nil {
 			return 0, err
 		}
-		n, err := c.Conn.Read(p)
+		n, err := c.recv(p)
 		if n > 0 {
 			c.answered.Store(true)
 		}
