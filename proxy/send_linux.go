@@ -16,7 +16,12 @@ import (
 // descriptor's is left alone), waiting while the socket's buffer is full.
 // The header goes out with MSG_MORE when a body follows, in the segment of
 // the body's first bytes, as a cork would send it without a cork's two
-// setsockopt calls. Each wait for the client has a write deadline of
+// setsockopt calls. A body over maxCorked is sent corked all the same: a
+// sendfile that fills the socket's buffer returns with a segment part-way
+// filled, which the connection (TCP_NODELAY, as Go sets it) sends at once.
+// Serving a 2 MiB blob to 64 wrk connections, that was 64-67 segments a
+// response against nginx's 55-57 (tcp_nopush), and the client's extra
+// work per segment cost about 4% of the requests served. Each wait for the client has a write deadline of
 // timeout (0: none) from the last time the client took bytes, and none
 // later than until (zero: no limit): a client that takes nothing for
 // timeout is dropped, however long a slow one takes in all. It returns how
@@ -71,6 +76,10 @@ func sendBlob(tc *net.TCPConn, raw syscall.RawConn, hdr []byte, fd int, size int
 			progressed = true
 		}
 		return true
+	}
+	if size > maxCorked {
+		raw.Control(func(s uintptr) { setCorkRaw(s, 1) })
+		defer raw.Control(func(s uintptr) { setCorkRaw(s, 0) })
 	}
 	for {
 		if d := pieceDeadline(timeout, until); !d.IsZero() {
@@ -148,4 +157,11 @@ func wholeCached(fd int, start, end int64) bool {
 	// Raw too: it counts pages in the cache's index and never sleeps.
 	_, _, e := unix.RawSyscall6(unix.SYS_CACHESTAT, uintptr(fd), uintptr(unsafe.Pointer(&rng)), uintptr(unsafe.Pointer(&st)), 0, 0, 0)
 	return e == 0 && int64(st.Cache) >= pages
+}
+
+// setCorkRaw sets the socket's TCP_CORK on (1) or off (0), the latter
+// sending what it held back, with a raw system call: it never sleeps, and
+// an ordinary one would wake the runtime's monitor (see rawsock).
+func setCorkRaw(s uintptr, on int32) {
+	unix.RawSyscall6(unix.SYS_SETSOCKOPT, s, unix.IPPROTO_TCP, unix.TCP_CORK, uintptr(unsafe.Pointer(&on)), 4, 0)
 }

@@ -2,9 +2,12 @@ package proxy
 
 import (
 	"errors"
+	"io"
+	"net"
 	"os"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -93,5 +96,62 @@ func TestWholeCached(t *testing.T) {
 	}
 	if wholeCached(fd, 0, 3<<20+100+int64(os.Getpagesize())) {
 		t.Error("a range past the file's end counts as cached")
+	}
+}
+
+// TestSendBlobUncorks: a body large enough to be sent corked arrives whole
+// while the connection stays open, and the socket is left uncorked for
+// the next response.
+func TestSendBlobUncorks(t *testing.T) {
+	content := make([]byte, maxCorked+12345) // ends in a part-filled segment
+	name := t.TempDir() + "/blob"
+	if err := os.WriteFile(name, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Open(name, syscall.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	tc := c.(*net.TCPConn)
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdr := []byte("HTTP/1.1 200 OK\r\n\r\n")
+	sent := make(chan error, 1)
+	go func() {
+		_, err := sendBlob(tc, raw, hdr, fd, int64(len(content)), 0, time.Time{})
+		sent <- err
+	}()
+	// A cork left on would hold the last segment back for 200 ms: well
+	// within this deadline, so only the socket option tells.
+	peer.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(peer, make([]byte, len(hdr)+len(content))); err != nil {
+		t.Fatalf("reading the response with the connection open: %v", err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	var cork int
+	var gerr error
+	raw.Control(func(s uintptr) { cork, gerr = unix.GetsockoptInt(int(s), unix.IPPROTO_TCP, unix.TCP_CORK) })
+	if gerr != nil || cork != 0 {
+		t.Errorf("TCP_CORK after the response: %d, %v; want 0", cork, gerr)
 	}
 }
