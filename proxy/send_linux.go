@@ -21,11 +21,12 @@ import (
 // filled, which the connection (TCP_NODELAY, as Go sets it) sends at once.
 // Serving a 2 MiB blob to 64 wrk connections, that was 64-67 segments a
 // response against nginx's 55-57 (tcp_nopush), and the client's extra
-// work per segment cost about 4% of the requests served. Each wait for the client has a write deadline of
-// timeout (0: none) from the last time the client took bytes, and none
-// later than until (zero: no limit): a client that takes nothing for
-// timeout is dropped, however long a slow one takes in all. It returns how
-// many bytes of the body it sent.
+// work per segment cost about 4% of the requests served.
+//
+// Each wait for the client has a write deadline of timeout (0: none) from
+// the last time the client took bytes, and none later than until (zero: no
+// limit): a client that takes nothing for timeout is dropped, however long
+// a slow one takes in all. It returns how many bytes of the body it sent.
 func sendBlob(tc *net.TCPConn, raw syscall.RawConn, hdr []byte, fd int, size int64, timeout time.Duration, until time.Time) (int64, error) {
 	flags := syscall.MSG_NOSIGNAL
 	if size > 0 {

@@ -11,7 +11,7 @@ import (
 // cache holds open: its inode is in memory, so the call never sleeps.
 // An ordinary system call would tell the Go runtime's monitor that the
 // process is busy again and wake it, on every blob served after a pause
-// (see proxy's readRaw).
+// (see internal/rawsock).
 func fstatCached(fd int, st *syscall.Stat_t) error {
 	if _, _, e := syscall.RawSyscall(syscall.SYS_FSTAT, uintptr(fd), uintptr(unsafe.Pointer(st)), 0); e != 0 {
 		return e
