@@ -21,10 +21,18 @@ import (
 	"syscall"
 )
 
-// Reader reads a TCP connection with raw read calls.
+// Reader reads a TCP connection with raw read calls. One Read at a time:
+// a read's buffer and result live in the Reader, so that a read allocates
+// nothing (a closure per read, passed to the poller, escaped to the heap).
 type Reader struct {
-	conn *net.TCPConn
-	raw  syscall.RawConn
+	conn   *net.TCPConn
+	raw    syscall.RawConn
+	readFn func(fd uintptr) bool // r.readOnce, bound once
+
+	// The read in progress.
+	p     []byte
+	n     int
+	errno syscall.Errno
 }
 
 // NewReader returns a Reader of c.
@@ -33,7 +41,25 @@ func NewReader(c *net.TCPConn) (*Reader, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Reader{conn: c, raw: raw}, nil
+	r := &Reader{conn: c, raw: raw}
+	r.readFn = r.readOnce
+	return r, nil
+}
+
+// readOnce reads into r.p, for the poller: false asks it to wait until
+// the socket is readable and call again.
+func (r *Reader) readOnce(fd uintptr) bool {
+	for {
+		n, e := read(fd, r.p)
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		}
+		r.n, r.errno = n, e
+		return true
+	}
 }
 
 // Read reads as the connection's Read does, the connection's read deadline
@@ -43,31 +69,22 @@ func (r *Reader) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	var n int
-	var errno syscall.Errno
-	err := r.raw.Read(func(s uintptr) bool {
-		for {
-			var e syscall.Errno
-			n, e = read(s, p)
-			switch e {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false
-			}
-			errno = e
-			return true
-		}
-	})
-	var oe *net.OpError
+	r.p, r.n, r.errno = p, 0, 0
+	err := r.raw.Read(r.readFn)
+	n, errno := r.n, r.errno
+	r.p = nil // the caller's buffer is not kept
 	switch {
-	case errors.As(err, &oe):
-		err = oe.Err // the poller's: a deadline passed, the connection closed
-	case err == nil && errno != 0:
+	case err != nil:
+		// The poller's: a deadline passed, the connection closed. Looked
+		// into only here: the target of errors.As lives on the heap.
+		if oe := (*net.OpError)(nil); errors.As(err, &oe) {
+			err = oe.Err
+		}
+	case errno != 0:
 		err = os.NewSyscallError("read", errno)
-	case err == nil && n == 0:
+	case n == 0:
 		return 0, io.EOF
-	case err == nil:
+	default:
 		return n, nil
 	}
 	return 0, &net.OpError{Op: "read", Net: "tcp", Source: r.conn.LocalAddr(), Addr: r.conn.RemoteAddr(), Err: err}

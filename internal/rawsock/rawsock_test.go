@@ -72,3 +72,43 @@ func TestRead(t *testing.T) {
 		t.Errorf("on a closed connection: got %d bytes, %v; want net.ErrClosed", n, err)
 	}
 }
+
+// TestReadAllocatesNothing: a read of available bytes allocates nothing,
+// on a path taken for every few kilobytes a blob brings.
+func TestReadAllocatesNothing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r, err := NewReader(s.(*net.TCPConn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const reads = 100
+	if _, err := c.Write(make([]byte, reads*16)); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	got := 0
+	allocs := testing.AllocsPerRun(reads-1, func() {
+		n, err := io.ReadFull(r, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+	})
+	if allocs != 0 {
+		t.Errorf("%.1f allocations per read, want 0", allocs)
+	}
+}
