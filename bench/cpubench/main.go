@@ -18,6 +18,10 @@
 // ended and the mirror has gone quiet (its work after the last byte, such
 // as a commit, counts). Each stored blob is then hashed and checked against
 // its digest, and each response's status and size against the blob's.
+// Before each measured fetch, on a virtual machine that reports free pages
+// to its host, memory is put in one state (benchrun.ResetFreePages): there,
+// writing new page cache cost a mirror up to a CPU-second more per run
+// depending on what the runs before it had freed.
 //
 // It prints a Markdown table (median and worst of -runs, per mirror) and
 // writes every run's figures as JSON with the commit they were measured on.

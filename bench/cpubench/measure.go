@@ -132,6 +132,9 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 			return sample{}, err
 		}
 	}
+	if err := benchrun.ResetFreePages(ctx, b.dir); err != nil {
+		return sample{}, err
+	}
 	before, err := benchrun.ReadCPUTime(pid)
 	if err != nil {
 		return sample{}, err
