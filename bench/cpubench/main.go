@@ -61,6 +61,7 @@ type config struct {
 	Baseline   string  `json:"baseline_binary,omitempty"`     // another pullproxy, measured as a third mirror
 	ProxyBin   string  `json:"pullproxy_binary,omitempty"`    // a prebuilt pullproxy instead of ./cmd/pullproxy
 	DistBin    string  `json:"distribution_binary,omitempty"` // a prebuilt distproxy instead of ./bench/cpubench/distproxy
+	ResetPages bool    `json:"free_pages_reset"`              // free pages were reset before each measured fetch (benchrun.ResetFreePages)
 }
 
 type bench struct {
@@ -105,6 +106,7 @@ func parseFlags() (config, string, time.Duration) {
 	flag.StringVar(&cfg.ProxyBin, "pullproxy", "", "a pullproxy binary to measure instead of building ./cmd/pullproxy")
 	flag.StringVar(&cfg.DistBin, "distribution", "", "a distproxy binary to measure instead of building ./bench/cpubench/distproxy")
 	flag.Parse()
+	cfg.ResetPages = benchrun.ReportsFreePages()
 	for _, s := range []int64{223, 197, 149, 29} {
 		cfg.LayerSizes = append(cfg.LayerSizes, int64(float64(s*mib)*cfg.Scale))
 	}

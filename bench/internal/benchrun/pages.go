@@ -31,13 +31,20 @@ const reportedKiB = "/sys/module/page_reporting/parameters/reported_kib"
 // is written. On a machine that does not report free pages it does
 // nothing.
 func ResetFreePages(ctx context.Context, dir string) error {
-	if _, err := os.Stat(reportedKiB); err != nil {
+	if !ReportsFreePages() {
 		return nil
 	}
 	if err := writeScratch(dir, 1152<<20); err != nil {
 		return err
 	}
 	return waitReportingQuiet(ctx)
+}
+
+// ReportsFreePages reports whether this machine reports its free pages to
+// a host, and ResetFreePages does something.
+func ReportsFreePages() bool {
+	_, err := os.Stat(reportedKiB)
+	return err == nil
 }
 
 // writeScratch writes size bytes to a new file in dir, syncs and removes
