@@ -39,9 +39,9 @@ func printTable(w io.Writer, rep report) {
 			"the measured blobs were still absent from its store.\n\n")
 	}
 	if cfg.ResetPages {
-		fmt.Fprintf(w, "This machine reports free pages to its host: before each measured fetch, 1152 MiB were written "+
-			"and removed and the guest left to report the excess, so that every run's new page cache landed on "+
-			"pages freed a moment before (benchrun.ResetFreePages).\n\n")
+		fmt.Fprintf(w, "This machine reports free pages to its host: before each measured fetch its unreported free "+
+			"pages were refilled, so that every run's new page cache landed on pages freed a moment before "+
+			"(benchrun.ResetFreePages).\n\n")
 	}
 	fmt.Fprintln(w, "| mirror | user s, median | sys s, median | total CPU s, median | user s, worst | sys s, worst "+
 		"| total CPU s, worst | machine CPU s, median | machine CPU s, worst | wall s, median | upstream connections, median | read calls, median | context switches, median | note |")

@@ -41,7 +41,7 @@ func ResetFreePages(ctx context.Context, dir string) error {
 }
 
 // ReportsFreePages reports whether this machine reports its free pages to
-// a host, and ResetFreePages does something.
+// a host: whether ResetFreePages has anything to do.
 func ReportsFreePages() bool {
 	_, err := os.Stat(reportedKiB)
 	return err == nil
@@ -97,6 +97,7 @@ func waitReportingQuiet(ctx context.Context) error {
 	return nil
 }
 
+// readReported returns how much the guest has reported in all, in KiB.
 func readReported() (int64, error) {
 	b, err := os.ReadFile(reportedKiB)
 	if err != nil {
