@@ -83,16 +83,16 @@ func TestFetchBlobChunksWithinBudget(t *testing.T) {
 	}
 }
 
-// TestFetchBlobReusesConnections: a connection carries chunks of about
-// chunkTarget one after another while its budget has room, never more than
+// TestFetchBlobReusesConnections: a connection carries chunks of at most
+// maxChunkTarget one after another while its budget has room, never more than
 // the budget in all; a session the path cuts is recorded at the bytes it
 // carried in all chunks, so the budget settles under the session's cut-off,
 // not under a chunk's share of it.
 func TestFetchBlobReusesConnections(t *testing.T) {
 	t.Parallel()
 	const (
-		size     = 16 << 20
-		budget   = 4 << 20
+		size     = 64 << 20
+		budget   = 16 << 20
 		parallel = 2
 	)
 	tests := []struct {
@@ -119,7 +119,7 @@ func TestFetchBlobReusesConnections(t *testing.T) {
 			checkBlob(t, w, blob)
 			gets := s.getRequests()
 			if tt.cutAt == 0 {
-				checkChunks(t, gets, size, chunkTarget+minChunk)
+				checkChunks(t, gets, size, maxChunkTarget+minChunk)
 			} // else the server counts bytes it wrote past the cut as delivered
 			perConn := map[*countingConn]int{}
 			for _, g := range gets {
@@ -139,7 +139,7 @@ func TestFetchBlobReusesConnections(t *testing.T) {
 			}
 			got := r.endpoints[0].budget.get()
 			if tt.cutAt == 0 {
-				if most := size/(budget-chunkTarget) + 2*parallel; len(perConn) > most {
+				if most := size/(budget-maxChunkTarget) + 2*parallel; len(perConn) > most {
 					t.Errorf("connections: got %v for %v chunks, want at most %v", len(perConn), len(gets), most)
 				}
 				if got != budget {
@@ -417,7 +417,7 @@ func TestFetchBlobHedgesASilentEnd(t *testing.T) {
 func TestFetchBlobHedgeRaceEndsEarly(t *testing.T) {
 	t.Parallel()
 	const (
-		size    = chunkTarget + minChunk // shared by the two workers
+		size    = minChunkTarget + minChunk // shared by the two workers
 		stallAt = 64 << 10
 		piece   = 16 << 10
 	)

@@ -548,3 +548,34 @@ func TestPipeNearestEndFirst(t *testing.T) {
 		<-granted
 	})
 }
+
+// TestPipeChunkTarget: on a short path a chunk is what a connection brings
+// in chunkPace, within [minChunkTarget, maxChunkTarget]; on a long path,
+// or with no recent pace, minChunkTarget.
+func TestPipeChunkTarget(t *testing.T) {
+	now := time.Now()
+	tests := []struct {
+		name     string
+		setup    time.Duration
+		connRate float64 // bytes/s
+		age      time.Duration
+		want     int64
+	}{
+		{"no pace yet", time.Millisecond, 0, 0, minChunkTarget},
+		{"short path, 16 MB/s a connection", time.Millisecond, 16e6, 0, 3_997_696}, // 4 MB, in 64 KiB
+		{"short path, 2 MB/s a connection", time.Millisecond, 2e6, 0, minChunkTarget},
+		{"short path, 100 MB/s a connection", time.Millisecond, 100e6, 0, maxChunkTarget},
+		{"short path, stale pace", time.Millisecond, 16e6, staleRate + time.Second, minChunkTarget},
+		{"long path, 16 MB/s a connection", 80 * time.Millisecond, 16e6, 0, minChunkTarget},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newTestPipe(64)
+			p.setup = func() time.Duration { return tt.setup }
+			p.connRate, p.lastAt = tt.connRate, now.Add(-tt.age)
+			if got := p.chunkTarget(now); got != tt.want {
+				t.Errorf("got %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
