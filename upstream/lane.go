@@ -41,12 +41,12 @@ const (
 	// endpoint's pace is unknown: a 64 MB/s path delivers it in 16 ms, and
 	// a client reading in order sees the blob stream in steadily.
 	minChunkTarget = 1 << 20
-	// maxChunkTarget and chunkPace: a chunk is what a connection brings in
-	// chunkPace, up to maxChunkTarget. Chunks of 4 MiB on every path took
-	// a pull across a clean 100 ms path to 1.15-1.26x containerd's own,
-	// its 64 connections' last chunks ending together (pullbench); a pace
-	// keeps a long path's chunks at 1 MiB, and the bytes in flight near the
-	// rate times chunkPace.
+	// maxChunkTarget and chunkPace: on a short path a chunk is what a
+	// connection brings in chunkPace, up to maxChunkTarget, so that the
+	// bytes in flight stay near the rate times chunkPace. Chunks of 4 MiB
+	// on every path took a pull across a clean 100 ms path to 1.15-1.26x
+	// containerd's own, its 64 connections' last chunks ending together
+	// (pullbench); a long path keeps 1 MiB chunks (see pipe.chunkTarget).
 	maxChunkTarget = 4 << 20
 	chunkPace      = 250 * time.Millisecond
 	// minChunk: a connection with less budget left than this is retired
