@@ -79,9 +79,11 @@ func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 	}
 	// Larger chunks only once the budget has grown and no session was cut
 	// or stalled lately (renewable): a chunk that stalls holds the rest of
-	// its range until it is hedged. Across a carrier stalling sessions at 0
-	// ms, with 4 MiB chunks on its probe connections, a pull took 1.10x
-	// containerd's own, its tail 1.01 s (pullbench; 1.02-1.05x before).
+	// its range until it is hedged, and a path that cuts gains nothing, its
+	// budget being below a chunk. With 4 MiB chunks on probe connections
+	// too, a pull across a carrier stalling sessions at 0 ms took 1.10x
+	// containerd's own (pullbench, one run of three; with this condition,
+	// where such a path keeps 1 MiB chunks, 1.03x and 1.08x in two runs).
 	target := int64(minChunkTarget)
 	if now := time.Now(); ep.budget.renewable(now) {
 		target = ep.pipe.chunkTarget(now)
