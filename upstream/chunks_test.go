@@ -1052,17 +1052,34 @@ func TestBudget(t *testing.T) {
 		return last
 	}
 
-	t.Run("a quarter of few connections probe", func(t *testing.T) {
+	t.Run("how many connections probe at once on a clean path", func(t *testing.T) {
 		t.Parallel()
-		b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
-		if size, probe := b.next(t0, 4); !probe || size != 4*mib {
-			t.Errorf("next through 4 connections: got %v, %v, want a probe of %v", size, probe, 4*mib)
-		}
-		if _, probe := b.next(t0, 4); probe {
-			t.Errorf("next through 4 connections, a probe in flight: got a probe, want none")
-		}
-		if _, probe := b.next(t0, 8); !probe {
-			t.Errorf("next through 8 connections, a probe in flight: got none, want a second")
+		for _, tc := range []struct {
+			conns, probes int
+		}{
+			{1, 1},
+			{2, 1},
+			{4, 2},  // half of few
+			{7, 3},  // a short path's pipe, trimmed
+			{10, 4}, // half, up to half of growAfter
+			{16, 4}, // a quarter
+			{24, 6},
+			{32, growAfter}, // a quarter, up to the wins needed
+			{64, growAfter},
+		} {
+			b, _, _ := newTestBudget(t, FetchConfig{ConnectionBudget: mib, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 4 * mib})
+			got := 0
+			for range 2 * growAfter {
+				if size, probe := b.next(t0, tc.conns); probe {
+					if size != 4*mib {
+						t.Errorf("through %d connections: a probe of %v, want %v", tc.conns, size, 4*mib)
+					}
+					got++
+				}
+			}
+			if got != tc.probes {
+				t.Errorf("through %d connections: %d probes at once, want %d", tc.conns, got, tc.probes)
+			}
 		}
 	})
 
