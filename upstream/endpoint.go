@@ -148,8 +148,9 @@ func (b *budget) get() int64 {
 // time, took the budget past 1 MiB 3.4 s into a cold fetch over a clean
 // path at 0 ms; half, 1.5 s, and the fetch opened 81 connections against
 // 148, for 2.14 CPU-s against 2.24 (cpubench, medians of 5). Over a path
-// stalling sessions at 0 ms, pulls took 1.06x containerd's own with half,
-// 1.03x and 1.08x in two runs with a quarter (pullbench, medians of 3).
+// stalling sessions at 0 ms, pulls took 1.06x and 1.08x containerd's own
+// in two runs with half, 1.03x and 1.08x with a quarter (pullbench,
+// medians of 3).
 func (b *budget) next(now time.Time, conns int) (size int64, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
