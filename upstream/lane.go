@@ -84,8 +84,10 @@ func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 	// too, a pull across a carrier stalling sessions at 0 ms took 1.10x
 	// containerd's own (pullbench, one run of three; with this condition,
 	// where such a path keeps 1 MiB chunks, 1.03x and 1.08x in two runs).
+	now := time.Now()
+	renewable := ep.budget.renewable(now)
 	target := int64(minChunkTarget)
-	if now := time.Now(); ep.budget.renewable(now) {
+	if renewable {
 		target = ep.pipe.chunkTarget(now)
 	}
 	key := keyOf(u)
@@ -93,15 +95,16 @@ func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 		left := c.allowance(ep) - c.read.Load()
 		if !c.retired.Load() && left < minChunk && l.spent(c, ep) {
 			left = c.allowance(ep) - c.read.Load()
+			renewable = true // its renewal says so, the budget perhaps grown by its probe's win
 		}
 		if !c.retired.Load() {
 			size := chunkSize(left, target)
-			last := left-size < minChunk && !ep.budget.renewable(time.Now())
+			last := left-size < minChunk && !renewable
 			return chunkPlan{size: size, room: left, last: last, several: c.allowance(ep) >= severalChunks}
 		}
 		delete(l.conns, key)
 	}
-	allowance, probe := ep.budget.next(time.Now(), ep.pipe.current())
+	allowance, probe := ep.budget.next(now, ep.pipe.current())
 	p := chunkPlan{size: chunkSize(allowance, target), room: allowance, several: allowance >= severalChunks}
 	p.last = allowance-p.size < minChunk
 	if probe {
