@@ -1409,7 +1409,7 @@ func TestClaimNearTheEnd(t *testing.T) {
 	}{
 		{"far from the end", 8 * mib, 0, nil, 4, false, 0, mib, 0},
 		{"no free slot", 8 * mib, 7 * mib, nil, 0, false, 7 * mib, 8 * mib, 0},
-		{"the last MiB, three free slots", 8 * mib, 7 * mib, nil, 3, false, 7 * mib, 7*mib + 256<<10, 0},
+		{"the last 2 MiB, three free slots", 8 * mib, 6 * mib, nil, 3, false, 6 * mib, 6*mib + 512<<10, 0},
 		{"the last MiB, many free slots", 8 * mib, 7 * mib, nil, 63, false, 7 * mib, 7*mib + endgameMin, 0},
 		{"what others hold is not shared", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 1, false, 7 * mib, 7*mib + 512<<10, 0},
 		{"two MiB left, one free slot", 8 * mib, 6 * mib, nil, 1, false, 6 * mib, 7 * mib, 0},
