@@ -696,7 +696,7 @@ func (f *blobFetch) endgame(c chunk, blobSize int64, several bool, free int) int
 // each time, three rounds in a pull's last 0.5 s. At minChunk, pulls there
 // took 11.63-11.84 s against 11.78-11.92 s (nine runs each, taking turns;
 // containerd's own 11.62-11.72 s), and the same as before at 0 and 40 ms
-// (pullbench).
+// (three runs each; pullbench).
 const endgameMin = minChunk
 
 // endgameShares is how many claims a connection's share of what is left of
