@@ -243,7 +243,16 @@ func (f *blobFetch) run(ctx context.Context) error {
 // learnSize asks the endpoint for the blob's size with a HEAD, so that every
 // chunk can ask for a range inside the blob (some registries refuse a range
 // that runs past the end). Where HEAD gives no answer the first chunk does.
+//
+// A size a manifest declared needs no HEAD: the chunks ask for ranges
+// inside it at once, and each answer's Content-Range (or a refused range's)
+// is checked against it. The HEAD held every chunk back by its round trip,
+// and by its connection's set-up and its redirect's on a cold start: about
+// 150 ms of a pull at a 40 ms round trip, with the link idle.
 func (f *blobFetch) learnSize(ctx context.Context) error {
+	if f.w.Size() >= 0 && !f.complete() {
+		return nil
+	}
 	q := request{method: http.MethodHead, repo: f.repo, path: "blobs/" + f.digest.String()}
 	resp, err := f.r.send(ctx, f.ep, q)
 	if err != nil {
@@ -984,12 +993,36 @@ func (f *blobFetch) open(ctx context.Context, l *lane, c chunk) (*http.Response,
 		}
 		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
 			defer resp.Body.Close()
+			if err := f.rangeRefused(resp, loc.Host); err != nil {
+				return nil, op, err
+			}
 			return nil, op, f.r.statusError(loc.Host, op, resp)
 		}
 		return resp, op, nil
 	}
 	defer resp.Body.Close()
+	if err := f.rangeRefused(resp, f.ep.host); err != nil {
+		return nil, q.op(), err
+	}
 	return nil, q.op(), f.r.statusError(f.ep.host, q.op(), resp)
+}
+
+// rangeRefused checks the size a 416 gives ("Content-Range: bytes */N")
+// against the one declared: a range refused because the upstream holds
+// fewer bytes than the manifest declares says so, rather than only that a
+// range was refused. Nil for any other answer.
+func (f *blobFetch) rangeRefused(resp *http.Response, host string) error {
+	if resp.StatusCode != http.StatusRequestedRangeNotSatisfiable {
+		return nil
+	}
+	tot, ok := strings.CutPrefix(resp.Header.Get("Content-Range"), "bytes */")
+	if !ok {
+		return nil
+	}
+	if total, err := strconv.ParseInt(tot, 10, 64); err == nil && total >= 0 {
+		return f.checkSize(total, host)
+	}
+	return nil
 }
 
 // getLocation fetches a range from a redirect target, without credentials:

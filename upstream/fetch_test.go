@@ -327,6 +327,10 @@ func (s *rangeServer) getRequests() []served {
 	return slices.DeleteFunc(s.all(), func(x served) bool { return x.method != http.MethodGet })
 }
 
+func (s *rangeServer) heads() int {
+	return len(slices.DeleteFunc(s.all(), func(x served) bool { return x.method != http.MethodHead }))
+}
+
 // ranges returns the Range header of each GET.
 func ranges(reqs []served) []string {
 	out := make([]string, len(reqs))
@@ -556,6 +560,14 @@ func TestFetchBlobWhole(t *testing.T) {
 				t.Fatalf("got %v, want no error", err)
 			}
 			checkBlob(t, w, blob)
+			// A size known beforehand is not asked for: the chunks go out at once.
+			wantHeads := 1
+			if tt.known {
+				wantHeads = 0
+			}
+			if got := s.heads(); got != wantHeads {
+				t.Errorf("HEAD requests: got %d, want %d", got, wantHeads)
+			}
 			gets := s.getRequests()
 			if tt.size == 0 && len(gets) != 0 {
 				t.Errorf("GETs for an empty blob: got %q, want none", ranges(gets))
@@ -738,6 +750,12 @@ func TestFetchBlobFailsAtOnce(t *testing.T) {
 	status := func(code int) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(code) }
 	}
+	refused := func(contentRange string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Range", contentRange)
+			w.WriteHeader(http.StatusRequestedRangeNotSatisfiable)
+		}
+	}
 	tests := []struct {
 		name     string
 		handler  http.Handler
@@ -756,14 +774,15 @@ func TestFetchBlobFailsAtOnce(t *testing.T) {
 		{"GET 404", blobHandler(20, status(404)), nil, ErrNotFound, 404, "GET " + path, 2},
 		{"GET 401 without a challenge", blobHandler(20, status(401)), nil, ErrUnauthorized, 401, "GET " + path, 2},
 		{"GET 416", statusHandler(416), nil, ErrInvalid, 416, "GET " + path, 2},
-		{"upstream smaller than declared", blobHandler(10, status(500)),
-			func(*testing.T) *memBlobWriter { return newMemBlobWriter(20) }, ErrInvalid, 0, "", 1},
+		// A declared size needs no HEAD: the first GET is the only request.
 		{"upstream smaller than declared, in Content-Range", blobHandler(-1, partial("bytes 0-9/10", blob[:10])),
-			func(*testing.T) *memBlobWriter { return newMemBlobWriter(20) }, ErrInvalid, 0, "", 2},
+			func(*testing.T) *memBlobWriter { return newMemBlobWriter(20) }, ErrInvalid, 0, "", 1},
+		{"upstream smaller than declared, a range refused", blobHandler(-1, refused("bytes */10")),
+			func(t *testing.T) *memBlobWriter { return newPrefilled(t, 20, blob, 10) }, ErrInvalid, 0, "", 1},
 		{"Content-Range at the wrong offset", blobHandler(20, partial("bytes 0-19/20", blob)),
-			func(t *testing.T) *memBlobWriter { return newPrefilled(t, 20, blob, 10) }, ErrInvalid, 206, "GET " + path, 2},
+			func(t *testing.T) *memBlobWriter { return newPrefilled(t, 20, blob, 10) }, ErrInvalid, 206, "GET " + path, 1},
 		{"206 with a garbled Content-Range", blobHandler(20, partial("garbage", blob[10:])),
-			func(t *testing.T) *memBlobWriter { return newPrefilled(t, 20, blob, 10) }, ErrInvalid, 206, "GET " + path, 2},
+			func(t *testing.T) *memBlobWriter { return newPrefilled(t, 20, blob, 10) }, ErrInvalid, 206, "GET " + path, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
