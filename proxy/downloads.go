@@ -104,14 +104,14 @@ func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (inflig
 		if dl.err != nil {
 			return nil, false, dl.err
 		}
-		if dl.partial.Err() == nil && !dl.partial.Committed() {
+		if dl.partial.Err() == nil && !dl.partial.Verified() {
 			return dl.partial, own, nil
 		}
-		// It failed, or it committed and is writing its records before it
-		// leaves the table: wait, then look again. A committed blob is
-		// then served from the store, or fetched anew if it is no longer
-		// there (found damaged and quarantined since the commit); a failed
-		// download starts afresh from the bytes it kept.
+		// It failed, or it verified and is committing and writing its
+		// records before it leaves the table: wait, then look again. A
+		// committed blob is then served from the store, or fetched anew if
+		// it is no longer there (found damaged and quarantined since the
+		// commit); a failed download starts afresh from the bytes it kept.
 		select {
 		case <-dl.finished:
 		case <-ctx.Done():
@@ -197,20 +197,26 @@ func (t *downloads) run(rt route, dl *download) {
 	default:
 		p.Fail(err)
 	}
-	t.remove(d, dl)
+	mismatch := (errors.Is(err, storage.ErrDigestMismatch) || errors.Is(err, storage.ErrSizeMismatch)) && !errors.Is(err, storage.ErrChangedOnDisk)
+	badShared := mismatch && shared.FromBucket()
+	if badShared {
+		// Bytes from the bucket were in it: the upstream is not to blame.
+		// A download without the bucket takes this one's place at once, so
+		// that a client asking while Finish removes the bad copy joins it
+		// rather than starting one that reads that copy again.
+		log.Warn("blob failed verification with bytes from the shared bucket in it: fetching it again from the upstream alone", "err", err)
+		t.restartWith(rt, d, true, dl)
+	} else {
+		t.remove(d, dl)
+	}
 	// The blob's clients have it now; sharing it can take a while (its
 	// last part, then its assembly in the bucket).
 	shared.Finish(ctx, err)
 
-	mismatch := (errors.Is(err, storage.ErrDigestMismatch) || errors.Is(err, storage.ErrSizeMismatch)) && !errors.Is(err, storage.ErrChangedOnDisk)
 	if mismatch {
 		t.srv.metrics.verifyFailures.WithLabelValues(rt.up.Name()).Inc()
 	}
-	if mismatch && shared.FromBucket() {
-		// Bytes from the bucket were in it: the upstream is not to blame.
-		// Finish removed what they came from; fetch again without it.
-		log.Warn("blob failed verification with bytes from the shared bucket in it: fetching it again from the upstream alone", "err", err)
-		t.restartAlone(rt, d)
+	if badShared {
 		return
 	}
 	if errors.Is(err, storage.ErrDigestMismatch) && !errors.Is(err, storage.ErrChangedOnDisk) && served != "" {
@@ -264,21 +270,27 @@ func fetchAttrs(r upstream.FetchReport) []any {
 }
 
 // restart starts a new download of d unless one is already running.
-func (t *downloads) restart(rt route, d digest.Digest) { t.restartWith(rt, d, false) }
+func (t *downloads) restart(rt route, d digest.Digest) { t.restartWith(rt, d, false, nil) }
 
-// restartAlone is restart without the shared bucket.
-func (t *downloads) restartAlone(rt route, d digest.Digest) { t.restartWith(rt, d, true) }
-
-func (t *downloads) restartWith(rt route, d digest.Digest, alone bool) {
+// restartWith starts a new download of d, without the shared bucket if
+// alone, unless one other than ended is running. The new download takes
+// ended's place in the table (nil: none to replace), as remove would end it.
+func (t *downloads) restartWith(rt route, d digest.Digest, alone bool, ended *download) {
 	t.mu.Lock()
-	if _, running := t.m[d]; running {
+	if cur, running := t.m[d]; running && cur != ended {
 		t.mu.Unlock()
+		if ended != nil {
+			t.remove(d, ended)
+		}
 		return
 	}
 	dl := newDownload(rt)
 	dl.alone = alone
 	t.m[d] = dl
 	t.mu.Unlock()
+	if ended != nil {
+		close(ended.finished)
+	}
 	if err := t.start(t.srv.ctx, rt, d, dl); err != nil && !errors.Is(err, errStored) {
 		t.srv.log.Warn("restarting a blob download", "digest", d, "err", err)
 	}
