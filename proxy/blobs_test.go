@@ -382,10 +382,11 @@ func TestDownloadOutlivesClient(t *testing.T) {
 	close(b.hold)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	// The last bytes become available only once the blob is verified and committed.
+	// The last bytes become available only once the blob is verified.
 	if _, err := p.WaitAvailable(ctx, int64(len(content))-1); err != nil {
 		t.Fatalf("waiting for the download to finish: %v", err)
 	}
+	waitCommitted(t, e, b.digest)
 	if _, err := e.store.StatBlob(ctx, b.digest); err != nil {
 		t.Fatalf("download finished but not committed: %v", err)
 	}

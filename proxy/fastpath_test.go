@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -102,7 +103,26 @@ func cachedLayer(t *testing.T, e *env, size int64) (string, []byte) {
 	if resp, body := e.get(http.MethodGet, p, nil); resp.StatusCode != http.StatusOK || !bytes.Equal(body, content) {
 		t.Fatalf("caching the layer: %s, %d bytes", resp.Status, len(body))
 	}
+	waitCommitted(t, e, d)
 	return p, content
+}
+
+// waitCommitted waits for the download of d, if one is in the table, to
+// leave it: its clients have every byte once the digest matched, a moment
+// before the blob is in the store.
+func waitCommitted(t *testing.T, e *env, d digest.Digest) {
+	t.Helper()
+	e.srv.downloads.mu.Lock()
+	dl := e.srv.downloads.m[d]
+	e.srv.downloads.mu.Unlock()
+	if dl == nil {
+		return
+	}
+	select {
+	case <-dl.finished:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the download of %s never left the table", d)
+	}
 }
 
 // cachedBlob starts a proxy in front of an upstream serving one blob of
@@ -117,6 +137,7 @@ func cachedBlob(t *testing.T, size int) (*env, string, []byte) {
 	if resp, body := e.get(http.MethodGet, p, nil); resp.StatusCode != http.StatusOK || !bytes.Equal(body, content) {
 		t.Fatalf("caching the blob: %s, %d bytes", resp.Status, len(body))
 	}
+	waitCommitted(t, e, b.digest)
 	return e, p, content
 }
 

@@ -42,6 +42,7 @@ type Partial struct {
 	changed   chan struct{} // closed and replaced on a change, if watched
 	watched   bool          // a waiter holds changed
 	wanted    []int64       // offsets readers wait at, one entry per waiting reader
+	verified  bool          // every byte is in and the digest matched: the held-back end may be read
 	committed string        // path of the verified blob, once committed
 	err       error         // why the download failed, once it has
 	discarded bool          // failed with bytes not to be trusted: none is handed out any more
@@ -356,10 +357,13 @@ func (p *Partial) Written() int64 {
 // Commit verifies the download (every byte written, digest matching) and
 // moves it into the store. On failure the download is failed with the reason.
 //
-// Readers waiting for the held-back end get it as soon as the blob is in
-// place: a checkpoint still running in the background (a sync and a
-// database write, tens of milliseconds on a busy disk) is waited for only
-// after that, before the file is closed and the progress record dropped.
+// Readers waiting for the held-back end get it as soon as the digest
+// matches: the sync and rename that put the blob in place (10-20 ms for a
+// 200 MiB blob on the benchmark's disk, the last of a pull's tail) go on
+// while they read, from the page cache the digest was computed over. A
+// checkpoint still running in the background (a sync and a database
+// write, tens of milliseconds on a busy disk) is waited for only after
+// that, before the file is closed and the progress record dropped.
 func (p *Partial) Commit(ctx context.Context) error {
 	if p.unhashed() > hashWindow {
 		// Every byte is in: record that before hashing the rest and syncing
@@ -376,6 +380,10 @@ func (p *Partial) Commit(ctx context.Context) error {
 		p.Fail(err)
 		return err
 	}
+	p.mu.Lock()
+	p.verified = true
+	p.notifyLocked()
+	p.mu.Unlock()
 	size := p.Size()
 	if err := p.store.placeFile(p.f, p.digest, size); err != nil {
 		p.Fail(err)
@@ -384,7 +392,7 @@ func (p *Partial) Commit(ctx context.Context) error {
 	final := p.store.blobPath(p.digest)
 	p.mu.Lock()
 	p.committed = final
-	p.notifyLocked()
+	p.notifyLocked() // WaitStarted's waiters on a download resumed whole
 	p.mu.Unlock()
 	p.store.unreserve(p)
 	p.background.Wait() // a checkpoint under way sees the commit and records nothing more
@@ -517,6 +525,14 @@ func (p *Partial) Err() error {
 	return p.err
 }
 
+// Verified reports whether every byte is in and the digest matched: the
+// download is committing, or committed.
+func (p *Partial) Verified() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.verified
+}
+
 // Committed reports whether the download was verified and stored.
 func (p *Partial) Committed() bool {
 	p.mu.Lock()
@@ -632,7 +648,7 @@ func (p *Partial) availableLocked(off int64) int64 {
 	if p.size < 0 || off >= p.size || p.discarded {
 		return 0
 	}
-	if p.committed != "" {
+	if p.verified {
 		return p.size - off
 	}
 	limit := p.size - HoldBack
