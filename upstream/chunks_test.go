@@ -188,7 +188,8 @@ func TestFetchBlobLearnsBudgetFromCuts(t *testing.T) {
 		t.Errorf("endpoint budget: got %v, want the gauge's %v", got, budget)
 	}
 	gets := s.getRequests()
-	checkChunks(t, gets, size, 2*initial) // a probe may ask for twice the budget
+	// A probe before the first cut may ask for cleanGrowth times the budget.
+	checkChunks(t, gets, size, cleanGrowth*initial)
 	// Only chunks claimed before the cut-off was learned can be cut: it
 	// takes cutOutliers+1 regular chunks cut, whose workers claim again at
 	// once, at the old budget, and a probe's cut does not count: each
