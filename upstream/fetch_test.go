@@ -1410,11 +1410,17 @@ func TestBackoff(t *testing.T) {
 // never below endgameMin; on a clean path (a budget of several chunks) the
 // blob's chunks in flight share it too, each in endgameShares claims;
 // elsewhere, or with no slot or worker of the blob's free, it keeps the
-// size asked for.
+// size asked for. Where shares would be under endgameMin, the last pieces
+// grow towards the blob's end (endgameRamp), past the size asked for as
+// far as the connection's budget allows.
 func TestClaimNearTheEnd(t *testing.T) {
 	t.Parallel()
 	const mib = 1 << 20
 	threeInFlight := []span{{8 * mib, 9 * mib}, {9 * mib, 10 * mib}, {10 * mib, 11 * mib}}
+	var sixteenInFlight []span // 512 KiB each, the blob's first 8 MiB
+	for off := int64(0); off < 8*mib; off += 512 << 10 {
+		sixteenInFlight = append(sixteenInFlight, span{off, off + 512<<10})
+	}
 	tests := []struct {
 		name      string
 		size      int64  // the blob's
@@ -1424,21 +1430,28 @@ func TestClaimNearTheEnd(t *testing.T) {
 		several   bool // the connection's budget holds several chunks
 		wantStart int64
 		wantEnd   int64
-		workers   int // 0: 64
+		workers   int   // 0: 64
+		room      int64 // the connection's budget left; 0: a MiB
 	}{
-		{"far from the end", 8 * mib, 0, nil, 4, false, 0, mib, 0},
-		{"no free slot", 8 * mib, 7 * mib, nil, 0, false, 7 * mib, 8 * mib, 0},
-		{"the last 2 MiB, three free slots", 8 * mib, 6 * mib, nil, 3, false, 6 * mib, 6*mib + 512<<10, 0},
-		{"the last MiB, many free slots", 8 * mib, 7 * mib, nil, 63, false, 7 * mib, 7*mib + endgameMin, 0},
-		{"what others hold is not shared", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 1, false, 7 * mib, 7*mib + 512<<10, 0},
-		{"two MiB left, one free slot", 8 * mib, 6 * mib, nil, 1, false, 6 * mib, 7 * mib, 0},
-		{"no worker free", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 8, false, 7 * mib, 8 * mib, 2},
+		{"far from the end", 8 * mib, 0, nil, 4, false, 0, mib, 0, 0},
+		{"no free slot", 8 * mib, 7 * mib, nil, 0, false, 7 * mib, 8 * mib, 0, 0},
+		{"the last 2 MiB, three free slots", 8 * mib, 6 * mib, nil, 3, false, 6 * mib, 6*mib + 512<<10, 0, 0},
+		{"the last MiB, many free slots", 8 * mib, 7 * mib, nil, 63, false, 7 * mib, 7*mib + endgameMin, 0, 0},
+		{"what others hold is not shared", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 1, false, 7 * mib, 7*mib + 512<<10, 0, 0},
+		{"two MiB left, one free slot", 8 * mib, 6 * mib, nil, 1, false, 6 * mib, 7 * mib, 0, 0},
+		{"no worker free", 8 * mib, 6 * mib, []span{{6 * mib, 7 * mib}}, 8, false, 7 * mib, 8 * mib, 2, 0},
 		// 5 MiB left, shared by this chunk and three in flight, each
 		// share in endgameShares (2) claims: 640 KiB.
-		{"a clean path: chunks in flight share the rest", 16 * mib, 8 * mib, threeInFlight, 0, true, 11 * mib, 11*mib + 640<<10, 0},
-		{"a clean path, far from the end", 64 * mib, 8 * mib, threeInFlight, 0, true, 11 * mib, 12 * mib, 0},
-		{"a path that cuts: chunks in flight do not share", 16 * mib, 8 * mib, threeInFlight, 0, false, 11 * mib, 12 * mib, 0},
-		{"a clean path, never below endgameMin", 9 * mib, 8 * mib, []span{{8 * mib, 8*mib + 512<<10}}, 0, true, 8*mib + 512<<10, 8*mib + 512<<10 + endgameMin, 0},
+		{"a clean path: chunks in flight share the rest", 16 * mib, 8 * mib, threeInFlight, 0, true, 11 * mib, 11*mib + 640<<10, 0, 0},
+		{"a clean path, far from the end", 64 * mib, 8 * mib, threeInFlight, 0, true, 11 * mib, 12 * mib, 0, 0},
+		{"a path that cuts: chunks in flight do not share", 16 * mib, 8 * mib, threeInFlight, 0, false, 11 * mib, 12 * mib, 0, 0},
+		{"a clean path, never below endgameMin", 9 * mib, 8 * mib, []span{{8 * mib, 8*mib + 512<<10}}, 0, true, 8*mib + 512<<10, 8*mib + 512<<10 + endgameMin, 0, 0},
+		// 4 MiB left, within the last 17 pieces' worth of 512 KiB:
+		// 512 KiB times the square root of 8.5/4.
+		{"a clean path's last pieces grow", 12 * mib, 0, sixteenInFlight, 0, true, 8 * mib, 8*mib + 764274, 0, 4 * mib},
+		{"nearer the end, longer than asked for", 10 * mib, 0, sixteenInFlight, 0, true, 8 * mib, 8*mib + 1080847, 0, 4 * mib},
+		{"a rest too short to leave is taken whole", 9*mib + 512<<10, 0, sixteenInFlight, 0, true, 8 * mib, 9*mib + 512<<10, 0, 4 * mib},
+		{"but never past the connection's budget", 9*mib + 512<<10, 0, sixteenInFlight, 0, true, 8 * mib, 9 * mib, 0, mib},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1452,7 +1465,7 @@ func TestClaimNearTheEnd(t *testing.T) {
 			for _, s := range tt.inflight {
 				f.inflight = append(f.inflight, claimed{span: s, seen: s.start})
 			}
-			c, ok, _ := f.claim(chunkPlan{size: mib, room: mib, several: tt.several}, tt.free)
+			c, ok, _ := f.claim(chunkPlan{size: mib, room: cmp.Or(tt.room, mib), several: tt.several}, tt.free)
 			if !ok || c.start != tt.wantStart || c.end != tt.wantEnd {
 				t.Errorf("claimed %d-%d (%v), want %d-%d", c.start, c.end, ok, tt.wantStart, tt.wantEnd)
 			}
