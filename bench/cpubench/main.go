@@ -138,6 +138,7 @@ func run(ctx context.Context, cfg config, jsonOut string) error {
 	defer b.close()
 
 	rep := report{Provenance: prov, BlobBytes: b.bytes, Blobs: len(b.blobs), Config: cfg, Results: b.measureAll(ctx)}
+	rep.Ratios = roundRatios(rep.Results)
 	printTable(os.Stdout, rep)
 	if jsonOut != "" {
 		return benchrun.WriteJSON(jsonOut, rep)

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/pullproxy/pullproxy/bench/internal/benchrun"
@@ -15,6 +16,42 @@ type report struct {
 	BlobBytes int64    `json:"blob_bytes"`
 	Config    config   `json:"config"`
 	Results   []result `json:"results"`
+	// Ratios: pullproxy's figures over the other mirrors', round by round.
+	Ratios []benchrun.Ratio `json:"ratios,omitempty"`
+}
+
+// roundRatios divides pullproxy's total and machine CPU by each other
+// mirror's, round by round (the mirrors take turns in each).
+func roundRatios(results []result) []benchrun.Ratio {
+	i := slices.IndexFunc(results, func(r result) bool { return r.Mirror == "pullproxy" })
+	if i < 0 {
+		return nil
+	}
+	var ratios []benchrun.Ratio
+	for _, other := range results {
+		if other.Mirror == "pullproxy" {
+			continue
+		}
+		for _, fig := range []struct {
+			name string
+			of   func(sample) float64
+		}{
+			{"total CPU", func(s sample) float64 { return s.Total }},
+			{"machine CPU", func(s sample) float64 { return s.Machine }},
+		} {
+			ratios = append(ratios, benchrun.RoundRatios("pullproxy/"+other.Mirror+" "+fig.name,
+				figures(results[i].Samples, fig.of), figures(other.Samples, fig.of)))
+		}
+	}
+	return ratios
+}
+
+func figures(samples []sample, of func(sample) float64) []float64 {
+	v := make([]float64, len(samples))
+	for i, s := range samples {
+		v[i] = of(s)
+	}
+	return v
 }
 
 // printTable prints the figures as Markdown, under what they were measured
@@ -58,5 +95,11 @@ func printTable(w io.Writer, rep report) {
 		fmt.Fprintf(w, "| %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.0f | %.0f | %s |\n", r.Mirror,
 			r.User.Median, r.Sys.Median, r.Total.Median, r.User.Worst, r.Sys.Worst, r.Total.Worst,
 			r.Machine.Median, r.Machine.Worst, r.Wall.Median, r.Conns.Median, r.Reads.Median, r.Switch.Median, note)
+	}
+	if len(rep.Ratios) > 0 {
+		fmt.Fprintln(w, "\nRound by round (the mirrors take turns in each round), median (lowest-highest):")
+		for _, r := range rep.Ratios {
+			fmt.Fprintf(w, "- %s: %s\n", r.Of, r)
+		}
 	}
 }

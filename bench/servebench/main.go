@@ -135,6 +135,7 @@ func run(ctx context.Context, cfg config, jsonOut string, keep bool) error {
 	defer env.close()
 
 	rep := report{Provenance: prov, Config: cfg, Results: measureAll(ctx, cfg, env)}
+	rep.Ratios = roundRatios(cfg, rep.Results)
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("the benchmark ran out of time (-timeout): %w", err)
 	}

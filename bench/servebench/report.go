@@ -13,6 +13,38 @@ type report struct {
 	benchrun.Provenance
 	Config  config   `json:"config"`
 	Results []result `json:"results"`
+	// Ratios: pullproxy's bytes/s over nginx's, per blob, round by round.
+	Ratios []blobRatio `json:"ratios,omitempty"`
+}
+
+// blobRatio is a round-by-round ratio for one blob.
+type blobRatio struct {
+	Blob string `json:"blob"`
+	benchrun.Ratio
+}
+
+// roundRatios divides pullproxy's bytes/s (default logging) by nginx's for
+// each blob, round by round: the two take turns in each.
+func roundRatios(cfg config, results []result) []blobRatio {
+	var ratios []blobRatio
+	for _, b := range cfg.Blobs {
+		var proxy, nginx []float64
+		for _, r := range results {
+			if r.Blob != b.Name {
+				continue
+			}
+			for _, w := range r.Runs {
+				switch r.Server {
+				case serverProxy:
+					proxy = append(proxy, w.BytesPerSec)
+				case serverNginx:
+					nginx = append(nginx, w.BytesPerSec)
+				}
+			}
+		}
+		ratios = append(ratios, blobRatio{b.Name, benchrun.RoundRatios(serverProxy+"/"+serverNginx+" bytes/s", proxy, nginx)})
+	}
+	return ratios
 }
 
 // printTable prints one row per blob and one column per server: requests/s
@@ -33,6 +65,12 @@ func printTable(w io.Writer, rep report) {
 			cells = append(cells, cell(rep.Results, b.Name, s))
 		}
 		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
+	}
+	if len(rep.Ratios) > 0 {
+		fmt.Fprintln(w, "\nRound by round (the servers take turns in each round), median (lowest-highest):")
+		for _, r := range rep.Ratios {
+			fmt.Fprintf(w, "- %s, %s: %s\n", r.Blob, r.Of, r.Ratio)
+		}
 	}
 }
 

@@ -140,6 +140,46 @@ func Median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// Ratio is one measurement over another, round by round: where two
+// servers take turns in each round, the machine's drift over a run (tens of
+// per cent on a shared virtual machine) moves both figures of a round
+// together, so the ratio within rounds varies less than the ratio of the
+// medians, and says how often the one came out ahead.
+type Ratio struct {
+	Of     string    `json:"of"`     // "a/b": what was divided by what
+	Rounds []float64 `json:"rounds"` // a/b in each round both measured
+	Median float64   `json:"median"`
+	Low    float64   `json:"low"`
+	High   float64   `json:"high"`
+}
+
+// RoundRatios returns a[i]/b[i] for the rounds both have (a run that
+// failed ends a series early), skipping rounds where b is 0.
+func RoundRatios(of string, a, b []float64) Ratio {
+	r := Ratio{Of: of}
+	for i := range min(len(a), len(b)) {
+		if b[i] != 0 {
+			r.Rounds = append(r.Rounds, a[i]/b[i])
+		}
+	}
+	if len(r.Rounds) > 0 {
+		r.Median, r.Low, r.High = Median(r.Rounds), slices.Min(r.Rounds), slices.Max(r.Rounds)
+	}
+	return r
+}
+
+// String says the ratio as "0.98x (0.91-1.04 over 7 rounds)".
+func (r Ratio) String() string {
+	if len(r.Rounds) == 0 {
+		return "no round measured both"
+	}
+	rounds := "rounds"
+	if len(r.Rounds) == 1 {
+		rounds = "round"
+	}
+	return fmt.Sprintf("%.2fx (%.2f-%.2f over %d %s)", r.Median, r.Low, r.High, len(r.Rounds), rounds)
+}
+
 // BuildPullproxy builds ./cmd/pullproxy (run from the repository's root)
 // into dir and returns the binary's path.
 func BuildPullproxy(ctx context.Context, dir string) (string, error) {
