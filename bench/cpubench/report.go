@@ -27,31 +27,18 @@ func roundRatios(results []result) []benchrun.Ratio {
 	if i < 0 {
 		return nil
 	}
+	proxy := results[i]
 	var ratios []benchrun.Ratio
 	for _, other := range results {
-		if other.Mirror == "pullproxy" {
+		if other.Mirror == proxy.Mirror {
 			continue
 		}
-		for _, fig := range []struct {
-			name string
-			of   func(sample) float64
-		}{
-			{"total CPU", func(s sample) float64 { return s.Total }},
-			{"machine CPU", func(s sample) float64 { return s.Machine }},
-		} {
-			ratios = append(ratios, benchrun.RoundRatios("pullproxy/"+other.Mirror+" "+fig.name,
-				figures(results[i].Samples, fig.of), figures(other.Samples, fig.of)))
-		}
+		of := "pullproxy/" + other.Mirror
+		ratios = append(ratios,
+			benchrun.RoundRatios(of+" total CPU", proxy.Total.Runs, other.Total.Runs),
+			benchrun.RoundRatios(of+" machine CPU", proxy.Machine.Runs, other.Machine.Runs))
 	}
 	return ratios
-}
-
-func figures(samples []sample, of func(sample) float64) []float64 {
-	v := make([]float64, len(samples))
-	for i, s := range samples {
-		v[i] = of(s)
-	}
-	return v
 }
 
 // printTable prints the figures as Markdown, under what they were measured
