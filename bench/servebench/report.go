@@ -30,16 +30,12 @@ func roundRatios(cfg config, results []result) []blobRatio {
 	for _, b := range cfg.Blobs {
 		var proxy, nginx []float64
 		for _, r := range results {
-			if r.Blob != b.Name {
-				continue
-			}
-			for _, w := range r.Runs {
-				switch r.Server {
-				case serverProxy:
-					proxy = append(proxy, w.BytesPerSec)
-				case serverNginx:
-					nginx = append(nginx, w.BytesPerSec)
-				}
+			switch {
+			case r.Blob != b.Name:
+			case r.Server == serverProxy:
+				proxy = r.BytesPerSec.Runs
+			case r.Server == serverNginx:
+				nginx = r.BytesPerSec.Runs
 			}
 		}
 		ratios = append(ratios, blobRatio{b.Name, benchrun.RoundRatios(serverProxy+"/"+serverNginx+" bytes/s", proxy, nginx)})
