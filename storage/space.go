@@ -5,11 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+
+	"github.com/opencontainers/go-digest"
 )
 
 // ErrNoSpace: the data dir's file system has not the room a download
 // needs, counting what downloads in progress will still write.
 var ErrNoSpace = errors.New("not enough free space in the data dir")
+
+// ErrTooLarge: a blob's declared or advertised size is more than the store
+// could ever hold, whatever it evicted. It comes with ErrNoSpace.
+var ErrTooLarge = errors.New("larger than the store can hold")
 
 // Before a download's bytes are written the store checks that they fit:
 // an upstream that claims a blob of 50 GiB would otherwise fill the disk,
@@ -22,6 +28,60 @@ var ErrNoSpace = errors.New("not enough free space in the data dir")
 // spaceMargin is what the check keeps free besides reservations: a
 // twentieth of the file system, at most 256 MiB.
 func spaceMargin(total int64) int64 { return min(total/20, 256<<20) }
+
+// CheckFits returns an error wrapping ErrTooLarge (and ErrNoSpace) when a
+// blob of size bytes could never be stored, whatever was evicted: above
+// max_size, above the share of the file system max_size allows, or above
+// the file system less the margin kept free. A size is a claim (a
+// manifest's, an upstream's, an archive's) until the bytes are verified:
+// it is checked here before anything is evicted for it.
+func (s *Store) CheckFits(d digest.Digest, size int64) error {
+	if size < 0 {
+		return nil
+	}
+	bound, what := s.sizeBound()
+	if bound > 0 && size > bound {
+		return fmt.Errorf("%s declares %d bytes (%s), more than %s (%s): %w: %w",
+			d, size, humanSize(size), what, humanSize(bound), ErrTooLarge, ErrNoSpace)
+	}
+	return nil
+}
+
+// sizeBound returns the most bytes one blob could take in the store, and
+// what sets that bound; 0 when nothing can tell.
+func (s *Store) sizeBound() (int64, string) {
+	_, total, err := s.space(s.root)
+	if err != nil || total <= 0 {
+		total = 0
+	}
+	bound, what := int64(0), ""
+	if total > 0 {
+		bound, what = total-spaceMargin(total), "the data dir's file system less the space kept free"
+	}
+	switch p := s.eviction; {
+	case p.MaxBytes > 0 && (bound == 0 || p.MaxBytes < bound):
+		bound, what = p.MaxBytes, "max_size"
+	case p.MaxBytes == 0 && p.MaxPercent > 0 && total > 0:
+		if b := int64(float64(total) * p.MaxPercent / 100); b < bound {
+			bound, what = b, fmt.Sprintf("max_size (%g%% of the data dir's file system)", p.MaxPercent)
+		}
+	}
+	return bound, what
+}
+
+// humanSize renders n bytes for an error message: 1.5 GiB.
+func humanSize(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
 
 // reserve checks that p's remaining bytes, size in all, fit, and if so
 // counts p among the downloads holding a reservation. When they do not fit
