@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"testing"
@@ -37,9 +38,7 @@ func TestStalledClientIsDropped(t *testing.T) {
 			e := &env{t: t, dir: t.TempDir(), upstream: srv, counter: &counter{counts: map[string]int{}}}
 			e.start(srv.URL, WithSendTimeout(tt.timeout))
 			p := "/v2/test/app/blobs/" + b.digest.String() + "?ns=" + upstreamName
-			if resp, body := e.get(http.MethodGet, p, nil); resp.StatusCode != http.StatusOK || !bytes.Equal(body, content) {
-				t.Fatalf("caching the blob: %s, %d bytes", resp.Status, len(body))
-			}
+			cacheBlob(t, e.proxy.URL+p, content)
 			cc := dialProxy(t, e.proxy)
 			if tt.loop {
 				cc.send(request("GET", p))
@@ -71,4 +70,35 @@ func TestStalledClientIsDropped(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cacheBlob GETs url once so that the proxy stores content. The reader
+// reads into a buffer sized up front: io.ReadAll's growing buffer, under the
+// race detector on a busy two-core machine, has paused past the two-second
+// send timeout and had the response cut. A cut response still leaves the
+// download running to its commit, so one more GET, served from disk, ends
+// the wait for it.
+func cacheBlob(t *testing.T, url string, content []byte) {
+	t.Helper()
+	buf := make([]byte, len(content))
+	var last error
+	for attempt := 0; attempt < 3; attempt++ {
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.ReadFull(resp.Body, buf)
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode != http.StatusOK:
+			t.Fatalf("caching the blob: %s", resp.Status)
+		case err == nil && bytes.Equal(buf, content):
+			return
+		case err == nil:
+			t.Fatalf("caching the blob: %d bytes that differ from the blob's", n)
+		}
+		last = fmt.Errorf("%d of %d bytes: %w", n, len(content), err)
+		t.Logf("caching the blob, attempt %d: %v", attempt+1, last)
+	}
+	t.Fatalf("caching the blob: %v", last)
 }
