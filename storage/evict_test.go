@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
@@ -168,5 +169,153 @@ func TestInterruptedEvictionFinishedAtOpen(t *testing.T) {
 		if bytes, blobs := s.Usage(); bytes != 300 || blobs != 1 {
 			t.Errorf("usage: %d bytes in %d blobs, want 300 in 1", bytes, blobs)
 		}
+	}
+}
+
+// TestSizeClaimsEvictNothing: a size declared before the bytes are verified
+// costs no cached blob when it cannot fit, and none when it fits but its
+// bytes then fail verification; the store keeps its bound once a verified
+// blob is committed, sparing that blob.
+func TestSizeClaimsEvictNothing(t *testing.T) {
+	t.Parallel()
+	const gib = int64(1) << 30
+	for _, tc := range []struct {
+		name    string
+		policy  EvictionPolicy
+		fs      [2]int64 // free, total; zero: the real file system
+		pinned  bool     // every stored blob is pinned
+		size    int64    // declared
+		bytes   int      // then written: 0 none
+		corrupt bool     // the bytes do not match the digest
+		wantErr error    // from NewPartial
+		kept    int      // stored blobs left of 4
+	}{
+		{name: "10 TiB under 85% of 1 GiB", policy: EvictionPolicy{MaxPercent: 85}, fs: [2]int64{gib / 2, gib},
+			size: 10 << 40, wantErr: ErrTooLarge, kept: 4},
+		{name: "over max_size", policy: EvictionPolicy{MaxBytes: 2000}, size: 2001, wantErr: ErrTooLarge, kept: 4},
+		{name: "larger than the file system", policy: EvictionPolicy{MaxBytes: 2 * gib}, fs: [2]int64{gib / 2, gib},
+			size: gib, wantErr: ErrTooLarge, kept: 4},
+		{name: "what may go would not be enough", policy: EvictionPolicy{MaxBytes: 1400}, pinned: true,
+			size: 300, wantErr: ErrNoSpace, kept: 4},
+		{name: "fits, then fails verification", policy: EvictionPolicy{MaxBytes: 2000}, size: 1500, bytes: 1500,
+			corrupt: true, kept: 4},
+		{name: "fits and verifies", policy: EvictionPolicy{MaxBytes: 2000}, size: 1500, bytes: 1500, kept: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := openStore(t)
+			if tc.fs[1] > 0 {
+				s.space = func(string) (int64, int64, error) { return tc.fs[0], tc.fs[1], nil }
+			}
+			ds := putBlobs(t, s, 4, 300)
+			if tc.pinned {
+				tc.policy.Pinned = func(context.Context) (map[digest.Digest]bool, error) {
+					return map[digest.Digest]bool{ds[0]: true, ds[1]: true, ds[2]: true, ds[3]: true}, nil
+				}
+			}
+			s.SetEviction(tc.policy)
+			content := randomBytes(99, max(tc.bytes, 1))
+			d := digest.FromBytes(content)
+			if tc.corrupt {
+				content[0] ^= 0xff
+			}
+			p, err := s.NewPartial(t.Context(), d, tc.size)
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+				t.Fatalf("NewPartial of %d bytes: got %v, want %v", tc.size, err, tc.wantErr)
+			}
+			if err == nil {
+				if _, err := p.WriteAt(content[:tc.bytes], 0); err != nil {
+					t.Fatal(err)
+				}
+				err = p.Commit(t.Context())
+				if (err != nil) != tc.corrupt {
+					t.Fatalf("Commit: %v, corrupt %v", err, tc.corrupt)
+				}
+				if err == nil && !stored(s, d) {
+					t.Error("the blob just committed was evicted")
+				}
+			}
+			kept := 0
+			for _, d := range ds {
+				if stored(s, d) {
+					kept++
+				}
+			}
+			if kept != tc.kept {
+				t.Errorf("cached blobs left: got %d of 4, want %d", kept, tc.kept)
+			}
+			if bytes, _ := s.Usage(); tc.policy.MaxBytes > 0 && bytes > tc.policy.MaxBytes {
+				t.Errorf("the store holds %d bytes, over its max_size %d", bytes, tc.policy.MaxBytes)
+			}
+		})
+	}
+}
+
+// TestEvictionPassesOpenBlobsOfARelativeDataDir: a blob being read is
+// known by its file's identity, however the data dir was named.
+func TestEvictionPassesOpenBlobsOfARelativeDataDir(t *testing.T) {
+	t.Parallel()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(wd, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := openStoreAt(t, rel)
+	ds := putBlobs(t, s, 4, 300)
+	f, _, err := s.OpenBlob(t.Context(), ds[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s.SetEviction(EvictionPolicy{MaxBytes: 1000})
+	round, err := s.Evict(t.Context(), 300)
+	if err != nil || round.Skipped != 1 {
+		t.Fatalf("Evict: %+v, %v; want the open blob passed by", round, err)
+	}
+	if !stored(s, ds[0]) || stored(s, ds[1]) {
+		t.Errorf("stored after: open %v, next %v; want the open one kept and the next evicted", stored(s, ds[0]), stored(s, ds[1]))
+	}
+}
+
+// TestCommitRacingEvictionKeepsItsFile: a blob committed again between its
+// eviction being chosen and its file being removed keeps the new file and
+// its record.
+func TestCommitRacingEvictionKeepsItsFile(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	content := randomBytes(5, 300)
+	d := digest.FromBytes(content)
+	if err := s.PutBlob(t.Context(), d, content); err != nil {
+		t.Fatal(err)
+	}
+	chosen, _, err := s.chooseEvictions(t.Context(), 300, "")
+	if err != nil || len(chosen) != 1 {
+		t.Fatalf("chosen: %v, %v", chosen, err)
+	}
+	// The commit's rename lands after the eviction chose the file.
+	tmp, err := os.CreateTemp(filepath.Join(s.root, "partial"), "put-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tmp.Write(content); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.commitFile(tmp, d, int64(len(content))); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.evictBatch(chosen); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.recordBlob(t.Context(), d, int64(len(content))); err != nil {
+		t.Fatal(err)
+	}
+	if !stored(s, d) {
+		t.Fatal("the file committed during the eviction was removed")
+	}
+	if problems, err := s.Verify(t.Context(), VerifyOptions{}); err != nil || len(problems) > 0 {
+		t.Errorf("verify: %+v, %v", problems, err)
 	}
 }

@@ -131,14 +131,15 @@ func (c *fdCache) forget(d digest.Digest) {
 	}
 }
 
-// idle returns the cached blobs nobody reads now: open only for the cache.
-func (c *fdCache) idle() map[digest.Digest]bool {
+// idleFDs returns the descriptors of cached blobs nobody reads now: open
+// only for the cache.
+func (c *fdCache) idleFDs() map[int]bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[digest.Digest]bool, len(c.fds))
-	for d, s := range c.fds {
+	out := make(map[int]bool, len(c.fds))
+	for _, s := range c.fds {
 		if s.refs == 1 {
-			out[d] = true
+			out[s.fd] = true
 		}
 	}
 	return out

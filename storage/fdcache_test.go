@@ -99,8 +99,8 @@ func TestFDCache(t *testing.T) {
 		if closed[0]() {
 			t.Error("a blob used lately was closed")
 		}
-		if len(c.idle()) != fdCacheSize {
-			t.Errorf("cached: got %d, want %d", len(c.idle()), fdCacheSize)
+		if len(c.idleFDs()) != fdCacheSize {
+			t.Errorf("cached: got %d, want %d", len(c.idleFDs()), fdCacheSize)
 		}
 		c.close()
 	})

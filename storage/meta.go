@@ -300,7 +300,7 @@ func (s *Store) recordBlob(ctx context.Context, d digest.Digest, size int64) err
 	if !existed {
 		s.storedBlobs.Add(1)
 	}
-	s.wakeEvictor()
+	s.evictAfterCommit(ctx, d)
 	return nil
 }
 

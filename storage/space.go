@@ -84,56 +84,69 @@ func humanSize(n int64) string {
 }
 
 // reserve checks that p's remaining bytes, size in all, fit, and if so
-// counts p among the downloads holding a reservation. When they do not fit
-// on the file system or within max_size, least recently used blobs are
-// evicted to make room, and the check made again.
+// counts p among the downloads holding a reservation. The size is a claim
+// until the bytes are verified, so nothing is evicted for a blob that could
+// never fit (CheckFits), nor for one that the store's bound could not take
+// with all it may evict gone; and up front only what the file system needs
+// to take the bytes. The store is brought back within its bound when the
+// blob is committed (evictAfterCommit): a claim whose bytes then fail
+// verification has cost no cached blob.
 func (s *Store) reserve(p *Partial, size int64) error {
-	shortfall, err := s.tryReserve(p, size)
-	if err == nil || shortfall <= 0 || (s.eviction.MaxBytes == 0 && s.eviction.MaxPercent == 0) {
-		return err
+	if err := s.CheckFits(p.digest, size); err != nil {
+		return fmt.Errorf("downloading %w", err)
 	}
 	// Not the caller's context: an eviction round is short, and what it
 	// frees serves every download.
-	s.evictLogged(context.Background(), shortfall, "making room for a download")
+	ctx := context.Background()
+	if err := s.boundAllows(ctx, p.digest, size-p.Written()); err != nil {
+		return err
+	}
+	shortfall, err := s.tryReserve(p, size)
+	if err == nil || shortfall <= 0 {
+		return err
+	}
+	if !s.evictAtLeast(ctx, shortfall, p.digest, "making room on the file system for a download") {
+		return err
+	}
 	_, err = s.tryReserve(p, size)
 	return err
 }
 
 // tryReserve is one attempt of reserve. On failure it also returns how
-// many bytes an eviction would have to free for p to fit (0: evicting
-// cannot help).
+// many bytes the file system lacks for p (0: evicting cannot help).
 func (s *Store) tryReserve(p *Partial, size int64) (int64, error) {
 	need := size - p.Written()
-	if max := s.eviction.MaxBytes; max > 0 && size > max {
-		return 0, fmt.Errorf("downloading %s needs %d bytes, more than the store may hold (max_size %d): %w",
-			p.digest, size, max, ErrNoSpace)
-	}
 	free, total, err := s.space(s.root)
 	if err != nil {
 		return 0, nil // nothing to tell by: the writes will say
 	}
 	s.spaceMu.Lock()
 	defer s.spaceMu.Unlock()
-	var promised int64
-	for q := range s.reserved {
-		if q != p {
-			promised += max(0, q.Size()-q.Written())
-		}
-	}
+	promised := s.promisedLocked(p)
 	if margin := spaceMargin(total); need+promised+margin > free {
-		return max(need+promised+margin-free, s.overBound(need+promised)), fmt.Errorf("downloading %s needs %d bytes: %d are free on the data dir's file system, "+
+		return need + promised + margin - free, fmt.Errorf("downloading %s needs %d bytes: %d are free on the data dir's file system, "+
 			"%d promised to downloads in progress, %d kept free: %w", p.digest, need, free, promised, margin, ErrNoSpace)
-	}
-	if s.eviction.MaxBytes > 0 {
-		if over := s.overBound(need + promised); over > 0 {
-			stored := s.storedBytes.Load()
-			return over, fmt.Errorf("downloading %s needs %d bytes: the store holds %d of its max_size %d, "+
-				"%d promised to downloads in progress, and what is left is open or pinned: %w",
-				p.digest, need, stored, s.eviction.MaxBytes, promised, ErrNoSpace)
-		}
 	}
 	s.reserved[p] = struct{}{}
 	return 0, nil
+}
+
+// promised returns the bytes downloads in progress, but for except, have
+// yet to write.
+func (s *Store) promised(except *Partial) int64 {
+	s.spaceMu.Lock()
+	defer s.spaceMu.Unlock()
+	return s.promisedLocked(except)
+}
+
+func (s *Store) promisedLocked(except *Partial) int64 {
+	var n int64
+	for q := range s.reserved {
+		if q != except {
+			n += max(0, q.Size()-q.Written())
+		}
+	}
+	return n
 }
 
 // unreserve ends p's reservation, if it holds one.

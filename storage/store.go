@@ -53,7 +53,6 @@ type Store struct {
 	// store holds, kept as records are written and deleted.
 	eviction     EvictionPolicy
 	evictMu      sync.Mutex
-	evictWake    chan struct{}
 	storedBytes  atomic.Int64
 	storedBlobs  atomic.Int64
 	evictedBlobs atomic.Int64
@@ -107,7 +106,7 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{root: dir, blobs: filepath.Join(dir, "blobs"), db: db, log: cfg.log, space: diskSpace,
-		reserved: map[*Partial]struct{}{}, evictWake: make(chan struct{}, 1), fds: newFDCache(), boot: bootID()}
+		reserved: map[*Partial]struct{}{}, fds: newFDCache(), boot: bootID()}
 	if err := s.reconcilePartials(ctx); err != nil {
 		db.Close()
 		return nil, err
