@@ -239,6 +239,10 @@ func (t *downloads) run(rt route, dl *download) {
 		log.Warn("blob download failed", attrs...)
 		return
 	}
+	if served != "" {
+		// The endpoint serves d intact (again): it is asked for d freely.
+		rt.up.ReportVerified(d, served)
+	}
 	t.srv.addMember(ctx, rt, d)
 	t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "committed").Inc()
 	took := time.Since(start)

@@ -154,7 +154,8 @@ func hint(err error) string {
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		return "the endpoint did not answer in time: check the network path"
 	case errors.Is(err, storage.ErrDigestMismatch), errors.Is(err, storage.ErrSizeMismatch):
-		return "the upstream serves content that does not match its digest: nothing was cached"
+		return "the upstream serves content that does not match its digest, and nothing was cached: " +
+			"delete the blob upstream and push it again, then run `pullproxy forget <digest>` to fetch it at once"
 	}
 	return ""
 }

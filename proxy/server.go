@@ -47,6 +47,9 @@ type Upstream interface {
 	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (upstream.FetchReport, error)
 	// ReportCorrupt says that the blob an endpoint served failed verification.
 	ReportCorrupt(d digest.Digest, endpoint string, cause error)
+	// ReportVerified says that the blob an endpoint served verified:
+	// whatever it served corrupt before is forgotten.
+	ReportVerified(d digest.Digest, endpoint string)
 	// Endpoints lists the URLs serving the upstream, in the order they are tried.
 	Endpoints() []string
 }
