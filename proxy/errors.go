@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -118,6 +120,16 @@ func writeError(w http.ResponseWriter, r *http.Request, e *ociError) {
 	if r.Method != http.MethodHead {
 		w.Write(body)
 	}
+}
+
+// corruptFix is the fix for err when it says that d's bytes from the
+// upstream failed verification, and "" otherwise: the operator pushes it
+// again upstream, then has pullproxy ask for it at once.
+func corruptFix(err error, d digest.Digest) string {
+	if !errors.Is(err, storage.ErrDigestMismatch) || errors.Is(err, storage.ErrChangedOnDisk) || d.Validate() != nil {
+		return ""
+	}
+	return upstream.CorruptFix(d)
 }
 
 // hint turns a failure into the likely fix, for the operator's log line.
