@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -233,11 +234,15 @@ func (t *downloads) run(rt route, dl *download) {
 	if err != nil {
 		t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "failed").Inc()
 		attrs := append([]any{"err", err, "duration", time.Since(start).Round(time.Millisecond)}, fetchAttrs(report)...)
-		if h := hint(err); h != "" {
+		if h := cmp.Or(corruptFix(err, d), hint(err)); h != "" {
 			attrs = append(attrs, "fix", h)
 		}
 		log.Warn("blob download failed", attrs...)
 		return
+	}
+	if served != "" {
+		// The endpoint serves d intact (again): it is asked for d freely.
+		rt.up.ReportVerified(d, served)
 	}
 	t.srv.addMember(ctx, rt, d)
 	t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "committed").Inc()

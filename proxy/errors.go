@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -120,6 +122,16 @@ func writeError(w http.ResponseWriter, r *http.Request, e *ociError) {
 	}
 }
 
+// corruptFix is the fix for err when it says that d's bytes from the
+// upstream failed verification, and "" otherwise: the operator pushes it
+// again upstream, then has pullproxy ask for it at once.
+func corruptFix(err error, d digest.Digest) string {
+	if !errors.Is(err, storage.ErrDigestMismatch) || errors.Is(err, storage.ErrChangedOnDisk) || d.Validate() != nil {
+		return ""
+	}
+	return upstream.CorruptFix(d)
+}
+
 // hint turns a failure into the likely fix, for the operator's log line.
 func hint(err error) string {
 	var (
@@ -154,7 +166,8 @@ func hint(err error) string {
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr) && netErr.Timeout():
 		return "the endpoint did not answer in time: check the network path"
 	case errors.Is(err, storage.ErrDigestMismatch), errors.Is(err, storage.ErrSizeMismatch):
-		return "the upstream serves content that does not match its digest: nothing was cached"
+		return "the upstream serves content that does not match its digest, and nothing was cached: " +
+			"delete the blob upstream and push it again, then run `pullproxy forget <digest>` to fetch it at once"
 	}
 	return ""
 }

@@ -61,3 +61,5 @@ func (o offlineUpstream) FetchBlob(ctx context.Context, repo string, d digest.Di
 }
 
 func (o offlineUpstream) ReportCorrupt(d digest.Digest, endpoint string, cause error) {}
+
+func (o offlineUpstream) ReportVerified(d digest.Digest, endpoint string) {}

@@ -47,6 +47,9 @@ type Upstream interface {
 	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (upstream.FetchReport, error)
 	// ReportCorrupt says that the blob an endpoint served failed verification.
 	ReportCorrupt(d digest.Digest, endpoint string, cause error)
+	// ReportVerified says that the blob an endpoint served verified:
+	// whatever it served corrupt before is forgotten.
+	ReportVerified(d digest.Digest, endpoint string)
 	// Endpoints lists the URLs serving the upstream, in the order they are tried.
 	Endpoints() []string
 }
@@ -655,14 +658,25 @@ func methodLabel(m string) string {
 // fail reports err to the client, and to the operator with the likely fix.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, rt route, err error) {
 	oe := toOCI(err, rt.kind)
+	fix := hint(err)
+	if f := corruptFix(err, digest.Digest(rt.ref)); f != "" && rt.kind == kindBlob {
+		fix = f
+		// The upstream's refusal to fetch the blob again (ErrInvalid)
+		// names the fix already.
+		if !errors.Is(err, upstream.ErrInvalid) {
+			withFix := *oe
+			withFix.message += ": " + f
+			oe = &withFix
+		}
+	}
 	if r.Context().Err() == nil {
 		level := slog.LevelWarn
 		if oe.status == http.StatusNotFound {
 			level = slog.LevelInfo
 		}
 		attrs := []any{"upstream", rt.up.Name(), "repo", rt.repo, "ref", rt.ref, "status", oe.status, "err", err}
-		if h := hint(err); h != "" {
-			attrs = append(attrs, "fix", h)
+		if fix != "" {
+			attrs = append(attrs, "fix", fix)
 		}
 		s.log.Log(r.Context(), level, rt.kind+" request failed", attrs...)
 	}

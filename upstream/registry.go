@@ -56,8 +56,9 @@ type Registry struct {
 	// the first carry a token up front instead of collecting a 401 each.
 	challenges sync.Map // host → challenge
 	limit      rateLimit
-	corrupt    corruptBlobs // blobs that failed verification, by endpoint
-	targets    *targets     // where requests may go besides the endpoints, and with which credentials
+	corrupt    corruptBlobs     // blobs that failed verification, by endpoint
+	now        func() time.Time // the clock corrupt blobs' waits are timed by
+	targets    *targets         // where requests may go besides the endpoints, and with which credentials
 
 	buffers sync.Pool // *[]byte of fetchBufferSize, one per running fetch
 }
@@ -76,6 +77,7 @@ type options struct {
 	tls       *tls.Config
 	realms    []string // token realm hosts credentials may go to
 	allow     []string // redirect targets allowed whatever their address
+	now       func() time.Time
 	// policy replaces how addresses are classified and names resolved:
 	// tests, whose every address is a loopback one.
 	policy func(*targets)
@@ -145,6 +147,18 @@ func WithRedirectAllow(entries ...string) Option {
 	return func(o *options) error { o.allow = append(o.allow, entries...); return nil }
 }
 
+// WithClock sets the clock that times how long an endpoint that served a
+// blob corrupt is kept from it: tests move it instead of waiting. Default:
+// time.Now.
+func WithClock(now func() time.Time) Option {
+	return func(o *options) error {
+		if now != nil {
+			o.now = now
+		}
+		return nil
+	}
+}
+
 // WithFetchConfig tunes blob fetching; see FetchConfig for the defaults.
 func WithFetchConfig(c FetchConfig) Option {
 	return func(o *options) error { o.fetch = c; return nil }
@@ -169,7 +183,7 @@ func NewTransport() *http.Transport {
 
 // New returns the upstream named name, served by the endpoint URLs in order.
 func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
-	o := options{log: slog.Default()}
+	o := options{log: slog.Default(), now: time.Now}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, fmt.Errorf("upstream %s: %w", name, err)
@@ -215,6 +229,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		fetch:   fetch,
 		log:     o.log.With("upstream", name),
 		metrics: o.metrics,
+		now:     o.now,
 	}
 	r.received = o.metrics.blobBytes.WithLabelValues(name)
 	if t, ok := o.transport.(*http.Transport); ok {

@@ -18,6 +18,9 @@ type Status struct {
 	// Tokens are the ECR tokens held, by region: their expiry, never the
 	// token.
 	Tokens []TokenStatus `json:"tokens,omitempty"`
+	// Corrupt are the blobs endpoints served corrupt lately, and when
+	// each endpoint is asked for its blob again.
+	Corrupt []CorruptStatus `json:"corrupt,omitempty"`
 }
 
 // EndpointStatus is one endpoint's live state.
@@ -58,7 +61,7 @@ type TokenStatus struct {
 // Status returns the upstream's live state.
 func (r *Registry) Status() Status {
 	now := time.Now()
-	st := Status{Name: r.name}
+	st := Status{Name: r.name, Corrupt: r.corrupt.list(r.now())}
 	for _, ep := range r.endpoints {
 		es := EndpointStatus{URL: ep.url.Redacted(), Region: ep.region, BudgetBytes: ep.budget.get()}
 		ep.health.mu.Lock()

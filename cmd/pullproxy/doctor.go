@@ -128,6 +128,8 @@ type doctorRun struct {
 	server   string
 	steps    []doctorStep
 	metrics  *prometheus.Registry
+	// imageBlobs are the config and layers of the image walked.
+	imageBlobs map[digest.Digest]bool
 	// space reads a file system's free and total bytes; nil: statfs.
 	space func(path string) (free, total int64, err error)
 }
@@ -435,7 +437,9 @@ func (d *doctorRun) blobs(ctx context.Context, reg *upstream.Registry, img pinne
 	blobs := append([]ocispec.Descriptor{m.Config}, m.Layers...)
 	bad := 0
 	var total int64
+	d.imageBlobs = map[digest.Digest]bool{}
 	for i, b := range blobs {
+		d.imageBlobs[b.Digest] = true
 		name := "config"
 		if i > 0 {
 			name = fmt.Sprintf("layer %d", i)
@@ -489,6 +493,7 @@ func (d *doctorRun) path(ctx context.Context, name string) {
 		if u.Name != name {
 			continue
 		}
+		d.corrupt(u.Corrupt, time.Now())
 		for _, e := range u.Endpoints {
 			step := "path to " + e.URL
 			switch {

@@ -45,6 +45,8 @@ Usage:
                             walk the pull of an image against its upstream, and say what fails and the fix
   pullproxy status [--server URL]
                             a running server's live state of its upstreams' paths
+  pullproxy forget [--server URL] DIGEST...
+                            after a corrupt blob was pushed again upstream: fetch it at once
   pullproxy probe URL [--sessions N] [--bytes SIZE] [--compare URL2] [--json]
                             measure whether and where a path cuts sessions
   pullproxy node-config --mirror URL [flags]
@@ -87,6 +89,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return doctor(ctx, args[1:], stdout, stderr)
 	case "status":
 		return status(ctx, args[1:], stdout, stderr)
+	case "forget":
+		return forget(ctx, args[1:], stdout, stderr)
 	case "probe":
 		return probe(ctx, args[1:], stdout, stderr)
 	case "export":

@@ -62,6 +62,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		for _, tok := range u.Tokens {
 			fmt.Fprintf(stdout, "  ECR token for %s expires %s\n", tok.Region, tok.Expires.Format(time.RFC3339))
 		}
+		printCorrupt(stdout, u.Corrupt, time.Now())
 	}
 	return nil
 }
