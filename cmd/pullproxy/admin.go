@@ -221,13 +221,18 @@ func startAdmin(m *mirror, ln net.Listener, dataDir, tokenFile string, log *slog
 		}
 		guard.hosts, guard.token = adminHosts(ln.Addr()), tok
 	}
+	return serveAdmin(ln, guard, log), nil
+}
+
+// serveAdmin serves h on ln until shutdown.
+func serveAdmin(ln net.Listener, h http.Handler, log *slog.Logger) *adminServer {
 	base, cancel := context.WithCancel(context.Background())
-	a := &adminServer{drain: &drainHandler{next: guard}, cancel: cancel, log: log}
+	a := &adminServer{drain: &drainHandler{next: h}, cancel: cancel, log: log}
 	a.hs = &http.Server{Handler: a.drain, ReadHeaderTimeout: 10 * time.Second,
 		BaseContext: func(net.Listener) context.Context { return base },
 		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 	go a.hs.Serve(ln)
-	return a, nil
+	return a
 }
 
 // adminDrainWait bounds how long shutdown waits for admin requests to end

@@ -346,6 +346,7 @@ func TestAdminImportOverTheLimitIs413(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(body), "max_size") {
 		t.Errorf("raw upload of %d bytes: %s %s, want 413 naming max_size", declared, resp.Status, body)
 	}
+	t.Logf("the server answered 413 having taken %d of %d bytes", sent.Load(), declared)
 	if n := sent.Load(); n >= declared {
 		t.Errorf("the server took all %d bytes of an upload it refused", n)
 	}

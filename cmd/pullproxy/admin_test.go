@@ -1,13 +1,18 @@
 package main
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func TestAdminGuard(t *testing.T) {
@@ -144,4 +149,44 @@ func TestAdminToken(t *testing.T) {
 	if _, err := adminToken(path); err == nil {
 		t.Error("a token file other users can read was taken")
 	}
+}
+
+// TestAdminShutdownDrains: shutdown returns only once the admin requests
+// running have returned: those that finish within the grace, and those
+// cancelled after it (an import rolling back), so that none touches the
+// store after it closes.
+func TestAdminShutdownDrains(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{}, 2)
+	var returned atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		if r.URL.Path == "/stuck" {
+			<-r.Context().Done() // as an import does, until cancelled
+		}
+		returned.Add(1)
+	})
+	a := serveAdmin(ln, h, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, path := range []string{"/stuck", "/stuck"} {
+		go func() {
+			if resp, err := http.Get("http://" + ln.Addr().String() + path); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the request did not reach the handler")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	a.shutdown(ctx)
+	if n := returned.Load(); n != 2 {
+		t.Errorf("shutdown returned with %d of 2 handlers still running", 2-n)
+	}
+	a.shutdown(ctx) // a second call is a no-op
 }
