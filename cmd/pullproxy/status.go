@@ -21,7 +21,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var af archiveFlags
 	af.register(fs)
 	var admin adminFlags
-	admin.register(fs, "ask")
+	admin.register(fs, "read the state")
 	asJSON := fs.Bool("json", false, "print JSON, as /debug/upstreams answers")
 	if err := fs.Parse(args); err != nil {
 		return err
