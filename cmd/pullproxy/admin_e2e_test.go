@@ -73,7 +73,8 @@ func TestAdminRefusesForgedRequests(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	reg := startRegistry(t)
-	if _, err := reg.Push(ctx, registrytest.Image{Repo: "app/small", Tag: "v1", Seed: 91, LayerSizes: []int64{200 << 10}}); err != nil {
+	small, err := reg.Push(ctx, registrytest.Image{Repo: "app/small", Tag: "v1", Seed: 91, LayerSizes: []int64{200 << 10}})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := reg.Push(ctx, registrytest.Image{Repo: "app/other", Tag: "v1", Seed: 92, LayerSizes: []int64{100 << 10}}); err != nil {
@@ -134,8 +135,13 @@ func TestAdminRefusesForgedRequests(t *testing.T) {
 	if err != nil || !strings.Contains(out, "seeded "+host+"/app/small:v1") {
 		t.Errorf("seed with the token: %v\n%s", err, out)
 	}
-	if n := blobsOnDisk(t, data); n < 200<<10 {
-		t.Errorf("after the CLI's seed the store holds %d bytes of blobs", n)
+	resp, err := http.Get(p.URL + "/v2/app/small/blobs/" + small.Layers[0].Digest.String() + "?ns=" + host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Pullproxy-Source") != "cache" {
+		t.Errorf("the layer the CLI seeded: %s from %q, want 200 from the cache", resp.Status, resp.Header.Get("Pullproxy-Source"))
 	}
 }
 
