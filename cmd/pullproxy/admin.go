@@ -1,50 +1,306 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
-// The admin endpoint takes seeds (and imports) into a running server. It
-// listens apart from the registry API, on loopback or a unix socket by
-// default, so that nodes, which reach the registry listener, cannot fill
-// the store.
+// The admin endpoint takes seeds, imports and exports into a running
+// server. It listens apart from the registry API, so that nodes, which
+// reach the registry listener, cannot fill the store: by default on a unix
+// socket in the data dir, mode 0600, so that only the service's user (and
+// root) reach it; on a loopback TCP address only when asked, and then
+// behind adminGuard and a token.
 
-// defaultAdminListen is where the admin endpoint listens unless told.
-const defaultAdminListen = "127.0.0.1:5001"
+// adminSocketName is the default socket's name in the data dir.
+const adminSocketName = "admin.sock"
 
-// listenAdmin opens the admin listener: "off", "unix:/path", or host:port.
-// It returns nil for off.
+// adminTokenName is the default token file's name in the data dir.
+const adminTokenName = "admin.token"
+
+// maxSocketPath is the longest path a unix socket can be bound at (the
+// size of sockaddr_un's sun_path, less its terminating NUL).
+const maxSocketPath = 107
+
+// adminAddress returns where cfg's admin endpoint listens: "off",
+// "unix:/path", or a TCP host:port.
+func adminAddress(cfg fileConfig) string {
+	if cfg.AdminListen == "" {
+		return "unix:" + filepath.Join(cfg.DataDir, adminSocketName)
+	}
+	return cfg.AdminListen
+}
+
+// adminTokenFile returns the file holding cfg's admin token.
+func adminTokenFile(cfg fileConfig) string {
+	if cfg.AdminTokenFile != "" {
+		return cfg.AdminTokenFile
+	}
+	return filepath.Join(cfg.DataDir, adminTokenName)
+}
+
+// listenAdmin opens the admin listener at addr: "off", "unix:/path", or a
+// loopback host:port. It returns nil for off. A TCP address other than
+// loopback is refused: the endpoint writes to the store.
 func listenAdmin(addr string) (net.Listener, error) {
-	switch {
-	case addr == "off":
+	if addr == "off" {
 		return nil, nil
-	case strings.HasPrefix(addr, "unix:"):
-		path := strings.TrimPrefix(addr, "unix:")
-		os.Remove(path) // a socket left by a killed process
-		ln, err := net.Listen("unix", path)
+	}
+	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
+		ln, err := listenAdminSocket(path)
 		if err != nil {
 			return nil, fmt.Errorf("admin_listen %s: %w", addr, err)
 		}
-		os.Chmod(path, 0o600) // the operator's, as root or the service's user
 		return ln, nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin_listen %s: want host:port, unix:/path, or off: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return nil, fmt.Errorf("admin_listen %s: not a loopback address: the admin endpoint writes to the store, so it listens "+
+			"only on 127.0.0.1, ::1 or localhost (or a unix socket, the default)", addr)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("admin_listen %s: %w (set admin_listen: off, or another address)", addr, err)
+		return nil, fmt.Errorf("admin_listen %s: %w: another process holds it; stop it, or set admin_listen to another "+
+			"address (or leave it unset for the unix socket in the data dir)", addr, err)
 	}
 	return ln, nil
+}
+
+// listenAdminSocket listens on a unix socket at path, mode 0600 from the
+// start: it is bound in a directory only this user can enter, then renamed
+// into place, so that no other user connects in between. A socket left by
+// a killed process is replaced; one something still answers on is not.
+func listenAdminSocket(path string) (net.Listener, error) {
+	if len(path) > maxSocketPath {
+		return nil, fmt.Errorf("the socket path is %d bytes, more than a unix socket's %d: choose a shorter one", len(path), maxSocketPath)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, errors.New("another process answers on this socket")
+		}
+	}
+	dir, err := os.MkdirTemp(filepath.Dir(path), ".as")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	bound := filepath.Join(dir, "s")
+	if len(bound) > maxSocketPath {
+		// No room for the private directory's name: bound in place,
+		// open to the umask until the chmod below.
+		os.Remove(path)
+		bound = path
+	}
+	ln, err := net.Listen("unix", bound)
+	if err != nil {
+		return nil, err
+	}
+	ul := ln.(*net.UnixListener)
+	ul.SetUnlinkOnClose(false) // the bound name is gone once renamed
+	if err := os.Chmod(bound, 0o600); err != nil {
+		ul.Close()
+		os.Remove(bound)
+		return nil, err
+	}
+	if err := os.Rename(bound, path); err != nil {
+		ul.Close()
+		os.Remove(bound)
+		return nil, err
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		ul.Close()
+		return nil, err
+	}
+	return &socketListener{UnixListener: ul, path: path, file: fi}, nil
+}
+
+// socketListener is the admin socket: its address is the path clients
+// dial, and closing it removes the path, unless another process has
+// replaced the socket since.
+type socketListener struct {
+	*net.UnixListener
+	path string
+	file os.FileInfo
+}
+
+func (l *socketListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
+func (l *socketListener) Close() error {
+	err := l.UnixListener.Close()
+	if fi, serr := os.Lstat(l.path); serr == nil && os.SameFile(fi, l.file) {
+		os.Remove(l.path)
+	}
+	return err
+}
+
+// adminToken returns the token a TCP admin listener requires, from path.
+// A missing file is created, mode 0600, with a random token; one that
+// other users could read is refused.
+func adminToken(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		raw := make([]byte, 32)
+		rand.Read(raw)
+		tok := hex.EncodeToString(raw)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("creating the admin token file %s: %w", path, err)
+		}
+		_, err = f.WriteString(tok + "\n")
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(path)
+			return nil, fmt.Errorf("writing the admin token file %s: %w", path, err)
+		}
+		return []byte(tok), nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin token file: %w", err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin token file: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("admin token file %s is mode %v: other users could read it; chmod 600 it", path, fi.Mode().Perm())
+	}
+	tok := bytes.TrimSpace(b)
+	if len(tok) == 0 {
+		return nil, fmt.Errorf("admin token file %s is empty", path)
+	}
+	return tok, nil
+}
+
+// adminServer is the admin endpoint's HTTP server.
+type adminServer struct {
+	hs     *http.Server
+	drain  *drainHandler
+	cancel context.CancelFunc // ends the requests' contexts
+	once   sync.Once
+	log    *slog.Logger
+}
+
+// startAdmin serves the admin endpoint of m on ln, guarded for its kind
+// of listener: on TCP, with the token in tokenFile.
+func startAdmin(m *mirror, ln net.Listener, dataDir, tokenFile string, log *slog.Logger) (*adminServer, error) {
+	guard := &adminGuard{next: adminHandler(m, dataDir, log)}
+	if _, ok := ln.Addr().(*net.TCPAddr); ok {
+		tok, err := adminToken(tokenFile)
+		if err != nil {
+			return nil, err
+		}
+		guard.hosts, guard.token = adminHosts(ln.Addr()), tok
+	}
+	return serveAdmin(ln, guard, log), nil
+}
+
+// serveAdmin serves h on ln until shutdown.
+func serveAdmin(ln net.Listener, h http.Handler, log *slog.Logger) *adminServer {
+	base, cancel := context.WithCancel(context.Background())
+	a := &adminServer{drain: &drainHandler{next: h}, cancel: cancel, log: log}
+	a.hs = &http.Server{Handler: a.drain, ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context { return base },
+		ErrorLog:    slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+	go a.hs.Serve(ln)
+	return a
+}
+
+// adminDrainWait bounds how long shutdown waits for admin requests to end
+// once their contexts are cancelled: an import rolls back in that time.
+const adminDrainWait = 10 * time.Second
+
+// shutdown lets admin requests in progress finish within ctx, then
+// cancels those left and waits for their handlers to return, so that none
+// touches the store after it closes. It is safe to call more than once.
+func (a *adminServer) shutdown(ctx context.Context) {
+	a.once.Do(func() {
+		if err := a.hs.Shutdown(ctx); err != nil {
+			a.log.Warn("admin requests still running at shutdown were cancelled", "err", err)
+		}
+		a.cancel()
+		a.hs.Close()
+		done := make(chan struct{})
+		go func() { a.drain.close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(adminDrainWait):
+			a.log.Warn("admin requests did not end after being cancelled; closing the store under them", "waited", adminDrainWait)
+		}
+	})
+}
+
+// drainHandler tracks the handlers running, so that close can wait for
+// them; after close it refuses new requests.
+type drainHandler struct {
+	mu     sync.RWMutex
+	closed bool
+	next   http.Handler
+}
+
+func (d *drainHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		http.Error(w, "admin endpoint: shutting down", http.StatusServiceUnavailable)
+		return
+	}
+	d.next.ServeHTTP(w, r)
+}
+
+// close waits for the handlers running to return.
+func (d *drainHandler) close() {
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+}
+
+// uploadFits returns an error wrapping storage.ErrNoSpace when an upload
+// of size bytes could not be kept in the data dir: above what the store
+// may hold (max_size, storage.CheckFits), or above the file system's free
+// space less the share kept free.
+func uploadFits(store *storage.Store, dataDir string, size int64) error {
+	if err := store.CheckFits(digest.Digest("the archive"), size); err != nil {
+		return err
+	}
+	free, total, err := statfs(dataDir)
+	if err != nil {
+		return nil // nothing to tell by: the writes will say
+	}
+	if margin := min(total/20, 256<<20); size > free-margin {
+		return fmt.Errorf("the archive is %s; the data dir's file system has %s free, of which %s is kept free: %w",
+			humanBytes(size), humanBytes(free), humanBytes(margin), storage.ErrNoSpace)
+	}
+	return nil
 }
 
 // adminHandler serves the admin endpoint over m, whose data dir is dataDir.
@@ -102,14 +358,24 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 	})
 	mux.HandleFunc("POST /import", func(w http.ResponseWriter, r *http.Request) {
 		// The archive is kept beside the store first: reading an image
-		// layout needs random access.
+		// layout needs random access. Its size is known before a byte is
+		// written, and bounded: never more than the store and the file
+		// system can take.
+		if r.ContentLength < 0 {
+			http.Error(w, "import: send the archive with a Content-Length", http.StatusLengthRequired)
+			return
+		}
+		if err := uploadFits(m.store, dataDir, r.ContentLength); err != nil {
+			http.Error(w, "import: "+err.Error(), http.StatusRequestEntityTooLarge)
+			return
+		}
 		tmp, err := os.CreateTemp(dataDir, ".import-upload-*")
 		if err != nil {
 			http.Error(w, "import: "+err.Error(), http.StatusInternalServerError)
 			return
 		}
 		defer os.Remove(tmp.Name())
-		_, err = io.Copy(tmp, r.Body)
+		_, err = io.Copy(tmp, http.MaxBytesReader(w, r.Body, r.ContentLength))
 		if cerr := tmp.Close(); err == nil {
 			err = cerr
 		}
@@ -164,47 +430,4 @@ func (f flushWriter) Write(p []byte) (int, error) {
 	n, err := f.w.Write(p)
 	f.rc.Flush()
 	return n, err
-}
-
-// adminClient returns the client and base URL that reach an admin
-// endpoint named as --server takes it: a URL (http://127.0.0.1:5001), or
-// unix:/path for a socket.
-func adminClient(server string) (*http.Client, string) {
-	path, ok := strings.CutPrefix(server, "unix:")
-	if !ok {
-		return http.DefaultClient, strings.TrimSuffix(server, "/")
-	}
-	return &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", path)
-		},
-	}}, "http://pullproxy-admin"
-}
-
-// errAdminRefused: the admin endpoint answered, with a status other than 200.
-var errAdminRefused = errors.New("the admin endpoint refused")
-
-// adminCall sends a request to the admin endpoint named by server (see
-// adminClient) and returns its answer, which is a 200: any other status is
-// an error wrapping errAdminRefused with what the endpoint said. The caller
-// closes the body.
-func adminCall(ctx context.Context, server, method, pathAndQuery, contentType string, body io.Reader) (*http.Response, error) {
-	client, base := adminClient(server)
-	req, err := http.NewRequestWithContext(ctx, method, base+pathAndQuery, body)
-	if err != nil {
-		return nil, fmt.Errorf("--server %q: %w", server, err)
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("reaching the admin endpoint: %w (is admin_listen set on the server?)", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		resp.Body.Close()
-		return nil, fmt.Errorf("%w: %s: %s", errAdminRefused, resp.Status, strings.TrimSpace(string(b)))
-	}
-	return resp, nil
 }

@@ -37,7 +37,7 @@ type archiveFlags struct {
 }
 
 func (a *archiveFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&a.dataDir, "data-dir", "", "the data dir, when no server runs on it (default: the config's, or ./data)")
+	fs.StringVar(&a.dataDir, "data-dir", "", "the data dir; when a server runs on it, through its admin endpoint (default: the config's, or ./data)")
 	fs.StringVar(&a.configPath, "config", "", "YAML configuration file: upstreams, credentials, data_dir")
 	fs.Var(&a.ups, "upstream", "NAME=URL[,URL...]: an upstream, as for serve (repeatable)")
 }
@@ -79,9 +79,10 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var af archiveFlags
 	af.register(fs)
 	out := fs.String("o", "", "the archive to write (an OCI image layout as a tar)")
-	server := fs.String("server", "", "export from a running pullproxy through its admin endpoint instead (http://127.0.0.1:5001)")
+	var admin adminFlags
+	admin.register(fs, "export")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy export -o FILE.tar [--data-dir DIR | --config FILE | --server URL] REF...\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy export -o FILE.tar [--data-dir DIR | --config FILE | --server ADDR] REF...\n\n"+
 			"Writes an OCI image-layout archive of the images, every platform, from the store (fetching what\n"+
 			"it lacks), each tagged with its full reference (org.opencontainers.image.ref.name). skopeo\n"+
 			"(oci-archive:), crane and ctr image import read it; pullproxy import loads it elsewhere.\n\n")
@@ -102,14 +103,26 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		pins = append(pins, p)
 	}
-	if *server != "" {
-		return exportThroughServer(ctx, *server, fs.Args(), *out, stdout)
-	}
 	cfg, err := af.config()
 	if err != nil {
 		return err
 	}
+	if admin.server != "" {
+		target, err := admin.target(cfg)
+		if err != nil {
+			return fmt.Errorf("export: %w", err)
+		}
+		return exportThroughServer(ctx, target, fs.Args(), *out, stdout)
+	}
 	m, err := openCommandMirror(ctx, cfg, stderr)
+	if errors.Is(err, storage.ErrInUse) {
+		// A server runs on the data dir: through its admin endpoint.
+		target, terr := admin.target(cfg)
+		if terr != nil {
+			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
+		}
+		return exportThroughServer(ctx, target, fs.Args(), *out, stdout)
+	}
 	if err != nil {
 		return err
 	}
@@ -186,7 +199,7 @@ func exportImages(ctx context.Context, srv http.Handler, pins []pinnedImage, tmp
 
 // exportThroughServer asks a running server's admin endpoint for the
 // archive, and writes it to out.
-func exportThroughServer(ctx context.Context, server string, refs []string, out string, stdout io.Writer) error {
+func exportThroughServer(ctx context.Context, server adminTarget, refs []string, out string, stdout io.Writer) error {
 	q := url.Values{"ref": refs}
 	resp, err := adminCall(ctx, server, http.MethodGet, "/export?"+q.Encode(), "", nil)
 	if err != nil {

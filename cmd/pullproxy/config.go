@@ -41,12 +41,16 @@ type fileConfig struct {
 	ScrubRate       *byteSize        `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
 	ScrubInterval   *time.Duration   `yaml:"scrub_interval"` // from one scrub pass's start to the next's
 	Offline         bool             `yaml:"offline"`        // never contact an upstream: serve what the store holds
-	AdminListen     string           `yaml:"admin_listen"`   // seeds and imports into the running server: host:port, unix:/path, or off; default 127.0.0.1:5001
+	AdminListen     string           `yaml:"admin_listen"`   // seeds and imports into the running server: unix:/path, a loopback host:port, or off; default unix:DATA_DIR/admin.sock
 	MaxSize         storeBound       `yaml:"max_size"`       // a size, a percentage of the file system, or off; default 85%
 	Pin             []string         `yaml:"pin"`            // images never evicted
 	Fetch           fetchConfig      `yaml:"fetch"`
 	Storage         storageConfig    `yaml:"storage"` // type s3: replicas sharing a bucket
 	Upstreams       []upstreamConfig `yaml:"upstreams"`
+
+	// AdminTokenFile holds the bearer token a TCP admin_listen requires;
+	// default DATA_DIR/admin.token, created mode 0600.
+	AdminTokenFile string `yaml:"admin_token_file"`
 
 	// CPUProfile is a file to write a CPU profile of the whole run to: a
 	// flag only, for finding where a benchmark's CPU goes.

@@ -60,9 +60,10 @@ func doctor(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	af.register(fs)
 	platform := fs.String("platform", "linux/"+hostArch(), "the platform a node pulls")
 	asJSON := fs.Bool("json", false, "print JSON")
-	server := fs.String("server", "", "a running pullproxy's admin endpoint, for the live state of the path (cut rates)")
+	var admin adminFlags
+	admin.register(fs, "read the live state of the path (cut rates)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy doctor REF [--platform os/arch] [--json] [--config FILE] [--server URL]\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy doctor REF [--platform os/arch] [--json] [--config FILE] [--server ADDR]\n\n"+
 			"Walks the pull of REF (docker.io/library/alpine:3.20) against its configured upstream: DNS, TCP,\n"+
 			"TLS, the /v2/ challenge, credentials, the manifest, the platform, the config and every layer by\n"+
 			"HEAD, the path's cuts and the local disk. Exit status: 0 it works; 1 something to fix here\n"+
@@ -80,7 +81,7 @@ func doctor(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return &exitError{code: doctorCannotRun, err: err}
 	}
-	d := &doctorRun{cfg: cfg, platform: *platform, server: *server}
+	d := &doctorRun{cfg: cfg, platform: *platform, server: doctorAdmin(admin, cfg)}
 	d.run(ctx, fs.Arg(0))
 	d.bucket(ctx)
 	if *asJSON {
@@ -125,7 +126,7 @@ func whereWords(where string) string {
 type doctorRun struct {
 	cfg      fileConfig
 	platform string
-	server   string
+	server   *adminTarget // a running server's admin endpoint; nil: none
 	steps    []doctorStep
 	metrics  *prometheus.Registry
 	// imageBlobs are the config and layers of the image walked.
@@ -465,6 +466,23 @@ func (d *doctorRun) blobs(ctx context.Context, reg *upstream.Registry, img pinne
 	}
 }
 
+// doctorAdmin returns the admin endpoint doctor reads the path's live
+// state from: --server, or the socket of a server running on the data
+// dir; nil when there is none.
+func doctorAdmin(admin adminFlags, cfg fileConfig) *adminTarget {
+	if admin.server == "" {
+		path, ok := strings.CutPrefix(adminAddress(cfg), "unix:")
+		if fi, err := os.Lstat(path); !ok || err != nil || fi.Mode()&os.ModeSocket == 0 {
+			return nil
+		}
+	}
+	t, err := admin.target(cfg)
+	if err != nil {
+		return &adminTarget{err: err}
+	}
+	return &t
+}
+
 // pathCutPercent is the share of recent chunks cut from which doctor
 // calls a path one that cuts sessions. A clean path cuts none; a chunk cut
 // is resumed by a smaller one that usually completes, so even a path that
@@ -474,11 +492,15 @@ const pathCutPercent = 10
 // path reports the live cut rates of the upstream's endpoints, from a
 // running server.
 func (d *doctorRun) path(ctx context.Context, name string) {
-	if d.server == "" {
+	if d.server == nil {
 		d.skip("path", "give --server (the admin endpoint) for the fetcher's live cut rates, or run pullproxy probe")
 		return
 	}
-	resp, err := adminCall(ctx, d.server, http.MethodGet, "/debug/upstreams", "", nil)
+	if d.server.err != nil {
+		d.warn("path", d.server.err.Error(), "no live state", "the admin endpoint cannot be reached as given", "here")
+		return
+	}
+	resp, err := adminCall(ctx, *d.server, http.MethodGet, "/debug/upstreams", "", nil)
 	if err != nil {
 		d.warn("path", err.Error(), "no live state", "the admin endpoint does not answer", "here")
 		return

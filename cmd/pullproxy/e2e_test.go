@@ -107,7 +107,7 @@ func TestMain(m *testing.M) {
 // proxyProcess is a running `pullproxy serve`.
 type proxyProcess struct {
 	URL      string
-	AdminURL string // the admin endpoint's
+	AdminURL string // the admin endpoint's: unix:/path, or http://host:port
 	cmd      *exec.Cmd
 
 	mu  sync.Mutex
@@ -144,8 +144,9 @@ func startProxy(t *testing.T, args ...string) *proxyProcess {
 // startProxyEnv is startProxy with variables added to the environment.
 func startProxyEnv(t *testing.T, env []string, args ...string) *proxyProcess {
 	t.Helper()
-	// The admin endpoint on a port of its own: tests run side by side.
-	cmd := exec.Command(pullproxyBin, append([]string{"serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)...)
+	// The admin endpoint on its default, a socket in the data dir: tests
+	// run side by side.
+	cmd := exec.Command(pullproxyBin, append([]string{"serve", "--listen", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -159,7 +160,7 @@ func startProxyEnv(t *testing.T, env []string, args ...string) *proxyProcess {
 	addrc, adminc := make(chan string, 1), make(chan string, 1)
 	go func() {
 		addrRE := regexp.MustCompile(`msg="pullproxy serving".* addr=(\S+)`)
-		adminRE := regexp.MustCompile(`msg="admin endpoint \(seed\) listening".* addr=(\S+)`)
+		adminRE := regexp.MustCompile(`msg="admin endpoint listening".* addr=(\S+)`)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			p.mu.Lock()
@@ -184,7 +185,10 @@ func startProxyEnv(t *testing.T, env []string, args ...string) *proxyProcess {
 		p.URL = "http://" + addr
 		select {
 		case admin := <-adminc:
-			p.AdminURL = "http://" + admin
+			p.AdminURL = admin // unix:/path
+			if !strings.HasPrefix(admin, "unix:") {
+				p.AdminURL = "http://" + admin
+			}
 		default:
 		}
 	case <-time.After(30 * time.Second):

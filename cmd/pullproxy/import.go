@@ -37,9 +37,10 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.SetOutput(stderr)
 	var af archiveFlags
 	af.register(fs)
-	server := fs.String("server", "", "import into a running pullproxy through its admin endpoint instead (http://127.0.0.1:5001)")
+	var admin adminFlags
+	admin.register(fs, "import")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server URL] FILE.tar...\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server ADDR] FILE.tar...\n\n"+
 			"Loads OCI image-layout archives (pullproxy export, skopeo oci-archive:) and docker-save tars\n"+
 			"(crane pull, docker save) into the store, verifying every digest and size, and records their\n"+
 			"tags (full references: docker.io/library/alpine:3.20). An archive with a bad entry is refused\n"+
@@ -53,14 +54,26 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.Usage()
 		return errors.New("import: no archive given")
 	}
-	if *server != "" {
-		return importThroughServer(ctx, *server, fs.Args(), stdout)
-	}
 	cfg, err := af.config()
 	if err != nil {
 		return err
 	}
+	if admin.server != "" {
+		target, err := admin.target(cfg)
+		if err != nil {
+			return fmt.Errorf("import: %w", err)
+		}
+		return importThroughServer(ctx, target, fs.Args(), stdout)
+	}
 	m, err := openCommandMirror(ctx, cfg, stderr)
+	if errors.Is(err, storage.ErrInUse) {
+		// A server runs on the data dir: through its admin endpoint.
+		target, terr := admin.target(cfg)
+		if terr != nil {
+			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
+		}
+		return importThroughServer(ctx, target, fs.Args(), stdout)
+	}
 	if err != nil {
 		return err
 	}
@@ -479,7 +492,7 @@ func (imp *importer) record(ctx context.Context) error {
 
 // importThroughServer sends each archive to a running server's admin
 // endpoint, and copies what it reports to out.
-func importThroughServer(ctx context.Context, server string, files []string, out io.Writer) error {
+func importThroughServer(ctx context.Context, server adminTarget, files []string, out io.Writer) error {
 	failed := 0
 	for _, file := range files {
 		f, err := os.Open(file)

@@ -43,7 +43,7 @@ Usage:
                             load OCI-layout archives and docker-save tars into the store
   pullproxy doctor REF [--platform os/arch] [--json]
                             walk the pull of an image against its upstream, and say what fails and the fix
-  pullproxy status [--server URL]
+  pullproxy status [--data-dir DIR | --config FILE | --server ADDR]
                             a running server's live state of its upstreams' paths
   pullproxy forget [--server URL] DIGEST...
                             after a corrupt blob was pushed again upstream: fetch it at once
@@ -130,7 +130,8 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	configPath := fs.String("config", "", "YAML configuration file")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (default info)")
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the run to this file, for go tool pprof")
-	adminListen := fs.String("admin-listen", "", "address of the admin endpoint (seed): host:port, unix:/path, or off (default 127.0.0.1:5001)")
+	adminListen := fs.String("admin-listen", "", "address of the admin endpoint (seed, import, export, status): unix:/path, a loopback host:port, or off (default unix:DATA-DIR/admin.sock)")
+	adminTokenFile := fs.String("admin-token-file", "", "the bearer token a TCP admin endpoint requires (default DATA-DIR/admin.token, created mode 0600)")
 	offline := fs.Bool("offline", false, "never contact an upstream: serve what the store holds (an air-gapped site)")
 	maxSize := fs.String("max-size", "", "bound on the store: a size (100GiB), a percentage of the data dir's file system (80%), or off (default 85%)")
 	var ups upstreamFlags
@@ -161,6 +162,9 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	}
 	if *adminListen != "" {
 		cfg.AdminListen = *adminListen
+	}
+	if *adminTokenFile != "" {
+		cfg.AdminTokenFile = *adminTokenFile
 	}
 	if *maxSize != "" {
 		b, err := parseStoreBound(*maxSize)
@@ -240,27 +244,31 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	adminAddr := cfg.AdminListen
-	if adminAddr == "" {
-		adminAddr = defaultAdminListen
-	}
-	adminLn, err := listenAdmin(adminAddr)
-	if err != nil && cfg.AdminListen == "" {
-		// Only the default: a second pullproxy on the host still serves.
-		log.Warn("no admin endpoint: its default address is taken", "err", err,
-			"fix", "set admin_listen (or --admin-listen) to another address, a unix socket, or off")
-		adminLn, err = nil, nil
-	}
+	stopAdmin := func(context.Context) {}
+	adminLn, err := listenAdmin(adminAddress(cfg))
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	if adminLn != nil {
-		admin := &http.Server{Handler: adminHandler(m, cfg.DataDir, log), ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
-		go admin.Serve(adminLn)
-		defer admin.Close()
-		log.Info("admin endpoint (seed) listening", "addr", adminLn.Addr().String())
+		admin, err := startAdmin(m, adminLn, cfg.DataDir, adminTokenFile(cfg), log)
+		if err != nil {
+			adminLn.Close()
+			ln.Close()
+			return err
+		}
+		// Before the store closes (m.Close, deferred earlier).
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+			defer cancel()
+			admin.shutdown(ctx)
+		}()
+		stopAdmin = admin.shutdown
+		addr := adminLn.Addr().String()
+		if adminLn.Addr().Network() == "unix" {
+			addr = "unix:" + addr
+		}
+		log.Info("admin endpoint listening", "addr", addr)
 	}
 
 	log.Info("pullproxy serving", "version", version, "addr", ln.Addr().String(), "data_dir", cfg.DataDir,
@@ -281,9 +289,14 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	srv.Close()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
+	// Admin requests (a seed, an import) drain alongside, and end before
+	// the store closes.
+	adminDone := make(chan struct{})
+	go func() { stopAdmin(shutdownCtx); close(adminDone) }()
 	if err := srv.Shutdown(shutdownCtx, httpSrv); err != nil {
 		log.Warn("connections still open at shutdown were closed", "err", err)
 	}
+	<-adminDone
 	return nil
 }
 

@@ -35,12 +35,13 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var af archiveFlags
 	af.register(fs)
-	server := fs.String("server", "", "seed through a running pullproxy's admin endpoint instead (http://127.0.0.1:5001)")
+	var admin adminFlags
+	admin.register(fs, "seed")
 	platforms := fs.String("platform", "", "os/arch[/variant],... of an index's images to seed, or all (default: this machine's, linux/"+hostArch()+")")
 	referrers := fs.Bool("referrers", false, "seed what refers to the images too (signatures, SBOMs)")
 	file := fs.String("f", "", "a file of references, one per line (# comments)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy seed [--platform os/arch,...|all] [--referrers] [--data-dir DIR | --server URL] REF... | -f FILE\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy seed [--platform os/arch,...|all] [--referrers] [--data-dir DIR | --config FILE | --server ADDR] REF... | -f FILE\n\n"+
 			"Fetches images into the store before they are needed. REF names the upstream first:\n"+
 			"docker.io/library/alpine:3.20, ghcr.io/org/app@sha256:...\n\n")
 		fs.PrintDefaults()
@@ -68,17 +69,25 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		req.Platforms = strings.Split(*platforms, ",")
 	}
-	if *server != "" {
-		return seedThroughServer(ctx, *server, req, stdout)
-	}
-
 	cfg, err := af.config()
 	if err != nil {
 		return err
 	}
+	if admin.server != "" {
+		target, err := admin.target(cfg)
+		if err != nil {
+			return fmt.Errorf("seed: %w", err)
+		}
+		return seedThroughServer(ctx, target, req, stdout)
+	}
 	m, err := openCommandMirror(ctx, cfg, stderr)
 	if errors.Is(err, storage.ErrInUse) {
-		return fmt.Errorf("%w, or seed through it: pullproxy seed --server http://127.0.0.1:5001 ...", err)
+		// A server runs on the data dir: through its admin endpoint.
+		target, terr := admin.target(cfg)
+		if terr != nil {
+			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
+		}
+		return seedThroughServer(ctx, target, req, stdout)
 	}
 	if err != nil {
 		return err
@@ -123,7 +132,7 @@ func seedImages(ctx context.Context, srv *proxy.Server, req seedRequest, out io.
 
 // seedThroughServer asks a running server's admin endpoint to seed, and
 // copies what it reports to out.
-func seedThroughServer(ctx context.Context, server string, req seedRequest, out io.Writer) error {
+func seedThroughServer(ctx context.Context, server adminTarget, req seedRequest, out io.Writer) error {
 	body, _ := json.Marshal(req)
 	resp, err := adminCall(ctx, server, http.MethodPost, "/seed", "application/json", bytes.NewReader(body))
 	if err != nil {

@@ -18,12 +18,23 @@ import (
 func status(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	server := fs.String("server", "http://"+defaultAdminListen, "the running pullproxy's admin endpoint")
+	var af archiveFlags
+	af.register(fs)
+	var admin adminFlags
+	admin.register(fs, "read the state")
 	asJSON := fs.Bool("json", false, "print JSON, as /debug/upstreams answers")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	resp, err := adminCall(ctx, *server, http.MethodGet, "/debug/upstreams", "", nil)
+	cfg, err := af.config()
+	if err != nil {
+		return err
+	}
+	target, err := admin.target(cfg)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	resp, err := adminCall(ctx, target, http.MethodGet, "/debug/upstreams", "", nil)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
 	}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestAdminGuard(t *testing.T) {
+	served := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	tcp := &adminGuard{next: served, hosts: adminHosts(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5001}), token: []byte("s3cret")}
+	socket := &adminGuard{next: served}
+	const auth = "Bearer s3cret"
+	for _, tc := range []struct {
+		name                      string
+		guard                     *adminGuard
+		method, path, host        string
+		origin, ctype, authHeader string
+		want                      int
+	}{
+		{"the CLI's seed", tcp, "POST", "/seed", "127.0.0.1:5001", "", "application/json", auth, 200},
+		{"the CLI's import", tcp, "POST", "/import", "127.0.0.1:5001", "", "application/x-tar", auth, 200},
+		{"the CLI's status", tcp, "GET", "/debug/upstreams", "127.0.0.1:5001", "", "", auth, 200},
+		{"localhost with the port", tcp, "GET", "/debug/upstreams", "localhost:5001", "", "", auth, 200},
+		{"a form's seed with an Origin", tcp, "POST", "/seed", "127.0.0.1:5001", "http://evil.example", "text/plain", auth, 403},
+		{"any Origin, even the listener's", tcp, "GET", "/export", "127.0.0.1:5001", "http://127.0.0.1:5001", "", auth, 403},
+		{"a rebound name", tcp, "POST", "/seed", "evil.example:5001", "", "application/json", auth, 421},
+		{"another port", tcp, "GET", "/export", "127.0.0.1:5002", "", "", auth, 421},
+		{"no token", tcp, "POST", "/seed", "127.0.0.1:5001", "", "application/json", "", 401},
+		{"a wrong token", tcp, "POST", "/seed", "127.0.0.1:5001", "", "application/json", "Bearer s3cre", 401},
+		{"the token as Basic", tcp, "POST", "/seed", "127.0.0.1:5001", "", "application/json", "Basic s3cret", 401},
+		{"a seed as text/plain", tcp, "POST", "/seed", "127.0.0.1:5001", "", "text/plain", auth, 415},
+		{"an import as a form", tcp, "POST", "/import", "127.0.0.1:5001", "", "multipart/form-data; boundary=x", auth, 415},
+		{"a seed with a charset", tcp, "POST", "/seed", "127.0.0.1:5001", "", "application/json; charset=utf-8", auth, 200},
+		{"a POST to a path taking none", tcp, "POST", "/export", "127.0.0.1:5001", "", "application/json", auth, 415},
+		{"the socket: the CLI's seed", socket, "POST", "/seed", "pullproxy-admin", "", "application/json", "", 200},
+		{"the socket: any Host", socket, "GET", "/debug/upstreams", "evil.example", "", "", "", 200},
+		{"the socket: an Origin", socket, "POST", "/seed", "pullproxy-admin", "http://evil.example", "application/json", "", 403},
+		{"the socket: text/plain", socket, "POST", "/import", "pullproxy-admin", "", "text/plain", "", 415},
+	} {
+		r := httptest.NewRequest(tc.method, "http://"+tc.host+tc.path, strings.NewReader("{}"))
+		r.Host = tc.host
+		for k, v := range map[string]string{"Origin": tc.origin, "Content-Type": tc.ctype, "Authorization": tc.authHeader} {
+			if v != "" {
+				r.Header.Set(k, v)
+			}
+		}
+		w := httptest.NewRecorder()
+		tc.guard.ServeHTTP(w, r)
+		if w.Code != tc.want {
+			t.Errorf("%s: %d %s, want %d", tc.name, w.Code, strings.TrimSpace(w.Body.String()), tc.want)
+		}
+		if strings.Contains(w.Body.String(), "s3cret") {
+			t.Errorf("%s: the answer echoes the token", tc.name)
+		}
+	}
+}
+
+func TestListenAdminRefusesNonLoopback(t *testing.T) {
+	for _, tc := range []struct {
+		addr    string
+		refusal string // what the error says; "": listening
+	}{
+		{"127.0.0.1:0", ""},
+		{"localhost:0", ""},
+		{"off", ""},
+		{"0.0.0.0:0", "loopback"},
+		{":0", "loopback"},
+		{"[::]:0", "loopback"},
+		{"192.0.2.1:5001", "loopback"},
+		{"evil.example:5001", "loopback"},
+		{"127.0.0.1", "host:port"},
+	} {
+		ln, err := listenAdmin(tc.addr)
+		if ln != nil {
+			ln.Close()
+		}
+		switch {
+		case tc.refusal == "" && err != nil:
+			t.Errorf("%s: %v", tc.addr, err)
+		case tc.refusal != "" && err == nil:
+			t.Errorf("%s: listening, want it refused", tc.addr)
+		case tc.refusal != "" && !strings.Contains(err.Error(), tc.refusal):
+			t.Errorf("%s: %v, want the error to say %q", tc.addr, err, tc.refusal)
+		}
+	}
+}
+
+func TestListenAdminSocket(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "admin.sock")
+	ln, err := listenAdmin("unix:" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s: %v %v, want a socket of mode 0600", path, fi.Mode(), err)
+	}
+	if ln.Addr().String() != path {
+		t.Errorf("the listener's address is %s, want %s", ln.Addr(), path)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("the directory holds %d entries, want the socket alone", len(entries))
+	}
+	// A live socket is not taken over.
+	if _, err := listenAdmin("unix:" + path); err == nil {
+		t.Error("a second listener took over a live socket")
+	}
+	// A regular file is not removed.
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, []byte("x"), 0o644)
+	if _, err := listenAdmin("unix:" + file); err == nil {
+		t.Error("a regular file was replaced by a socket")
+	}
+	ln.Close()
+	if _, err := os.Lstat(path); err == nil {
+		t.Error("the socket is left after Close")
+	}
+}
+
+func TestAdminToken(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "admin.token")
+	tok, err := adminToken(path)
+	if err != nil || len(tok) < 32 {
+		t.Fatalf("created token %d bytes, %v", len(tok), err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("token file mode %v, %v; want 0600", fi.Mode().Perm(), err)
+	}
+	again, err := adminToken(path)
+	if err != nil || string(again) != string(tok) {
+		t.Errorf("reread: %q, %v; want the same token", again, err)
+	}
+	other, _ := adminToken(filepath.Join(t.TempDir(), "admin.token"))
+	if string(other) == string(tok) {
+		t.Error("two token files hold the same token")
+	}
+	os.Chmod(path, 0o644)
+	if _, err := adminToken(path); err == nil {
+		t.Error("a token file other users can read was taken")
+	}
+}
+
+// TestAdminShutdownDrains: shutdown returns only once the admin requests
+// running have returned: those that finish within the grace, and those
+// cancelled after it (an import rolling back), so that none touches the
+// store after it closes.
+func TestAdminShutdownDrains(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{}, 2)
+	var returned atomic.Int32
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		if r.URL.Path == "/stuck" {
+			<-r.Context().Done() // as an import does, until cancelled
+		}
+		returned.Add(1)
+	})
+	a := serveAdmin(ln, h, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, path := range []string{"/stuck", "/stuck"} {
+		go func() {
+			if resp, err := http.Get("http://" + ln.Addr().String() + path); err == nil {
+				resp.Body.Close()
+			}
+		}()
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the request did not reach the handler")
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	a.shutdown(ctx)
+	if n := returned.Load(); n != 2 {
+		t.Errorf("shutdown returned with %d of 2 handlers still running", 2-n)
+	}
+	a.shutdown(ctx) // a second call is a no-op
+}
