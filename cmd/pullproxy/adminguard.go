@@ -21,6 +21,7 @@ import (
 var adminContentTypes = map[string]string{
 	"/seed":   "application/json",
 	"/import": "application/x-tar",
+	"/forget": "application/json",
 }
 
 // adminGuard checks each request before next serves it.

@@ -74,9 +74,12 @@ func forgetHandler(ups []*upstream.Registry, log *slog.Logger) http.Handler {
 func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("forget", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	server := fs.String("server", "http://"+defaultAdminListen, "the running pullproxy's admin endpoint")
+	var af archiveFlags
+	af.register(fs)
+	var admin adminFlags
+	admin.register(fs, "forget")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy forget [--server URL] DIGEST...\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy forget [--data-dir DIR | --config FILE | --server ADDR] DIGEST...\n\n"+
 			"After a blob that failed verification was deleted upstream and pushed again: ask every\n"+
 			"endpoint for it again at once, instead of after its wait (1 minute, doubling to 30).\n\n")
 		fs.PrintDefaults()
@@ -93,8 +96,16 @@ func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("forget: %q is not a digest: %w", arg, err)
 		}
 	}
+	cfg, err := af.config()
+	if err != nil {
+		return err
+	}
+	target, err := admin.target(cfg)
+	if err != nil {
+		return fmt.Errorf("forget: %w", err)
+	}
 	for _, arg := range fs.Args() {
-		ans, err := forgetCall(ctx, *server, arg)
+		ans, err := forgetCall(ctx, target, arg)
 		if err != nil {
 			return fmt.Errorf("forget %s: %w", arg, err)
 		}
@@ -109,7 +120,7 @@ func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return nil
 }
 
-func forgetCall(ctx context.Context, server, d string) (forgetAnswer, error) {
+func forgetCall(ctx context.Context, server adminTarget, d string) (forgetAnswer, error) {
 	body, err := json.Marshal(forgetRequest{Digest: d})
 	if err != nil {
 		return forgetAnswer{}, err

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -39,9 +41,14 @@ func TestForgetHandler(t *testing.T) {
 	one.ReportCorrupt(other, one.Endpoints()[0], cause)
 	srv := httptest.NewServer(forgetHandler([]*upstream.Registry{one, two}, slog.New(slog.DiscardHandler)))
 	t.Cleanup(srv.Close)
+	// A TCP admin endpoint's client sends the token from its file.
+	token := filepath.Join(t.TempDir(), "admin.token")
+	if err := os.WriteFile(token, []byte("t0ken"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 
 	var out, errOut bytes.Buffer
-	if err := forget(t.Context(), []string{"--server", srv.URL, bad.String()}, &out, &errOut); err != nil {
+	if err := forget(t.Context(), []string{"--server", srv.URL, "--admin-token-file", token, bad.String()}, &out, &errOut); err != nil {
 		t.Fatalf("pullproxy forget: %v\n%s", err, errOut.String())
 	}
 	for _, want := range []string{"one.test " + one.Endpoints()[1], "two.test " + two.Endpoints()[0]} {
@@ -57,11 +64,11 @@ func TestForgetHandler(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := forget(t.Context(), []string{"--server", srv.URL, bad.String()}, &out, &errOut); err != nil ||
+	if err := forget(t.Context(), []string{"--server", srv.URL, "--admin-token-file", token, bad.String()}, &out, &errOut); err != nil ||
 		!strings.Contains(out.String(), "nothing to forget") {
 		t.Errorf("forgetting again: got %v, %q; want nothing to forget", err, out.String())
 	}
-	if err := forget(t.Context(), []string{"--server", srv.URL, "latest"}, &out, &errOut); err == nil {
+	if err := forget(t.Context(), []string{"--server", srv.URL, "--admin-token-file", token, "latest"}, &out, &errOut); err == nil {
 		t.Error("forget latest: got no error, want one saying it is not a digest")
 	}
 
