@@ -97,6 +97,9 @@ var exported = map[string]metricType{
 	"pullproxy_bucket_written_bytes_total":       counter,
 	"pullproxy_bucket_blob_fetches_total":        counter,
 	"pullproxy_bucket_lease_takeovers_total":     counter,
+	"pullproxy_bucket_degraded":                  gauge,
+	"pullproxy_bucket_degraded_total":            counter,
+	"pullproxy_bucket_writes_dropped_total":      counter,
 }
 
 // others are the series from client_golang's Go and process collectors, and

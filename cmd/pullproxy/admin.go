@@ -318,6 +318,7 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 		enc.Encode(st)
 	})
 	mux.Handle("POST /forget", forgetHandler(m.upstreams, log))
+	mux.HandleFunc("GET /debug/bucket", serveBucketHealth(m))
 	mux.HandleFunc("GET /export", func(w http.ResponseWriter, r *http.Request) {
 		var pins []pinnedImage
 		for _, ref := range r.URL.Query()["ref"] {

@@ -569,6 +569,7 @@ func (d *doctorRun) bucket(ctx context.Context) {
 	step := "bucket " + st.Bucket
 	b, err := bucket.Open(ctx, st.bucketConfig(), bucket.WithLogger(slog.New(slog.DiscardHandler)))
 	if err == nil {
+		defer b.Close()
 		err = b.Check(ctx) // Open only warns when conditional writes are ignored
 	}
 	if err != nil {

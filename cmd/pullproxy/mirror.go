@@ -28,6 +28,7 @@ type mirror struct {
 	reg       *prometheus.Registry
 	names     []string             // upstreams, as logged: name=endpoints
 	upstreams []*upstream.Registry // the online ones, for their live state
+	bucket    *bucket.Bucket       // the shared bucket, when replicas share one
 	maxConns  int
 	closers   []func() // run in reverse by Close
 }
@@ -95,7 +96,8 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 			class, fix := bucket.Diagnose(err)
 			return nil, fmt.Errorf("opening the shared bucket: %s: %w (fix: %s; pullproxy doctor checks it)", class, err, fix)
 		}
-		served, shared = bucket.NewStore(store, b), b
+		served, shared, m.bucket = bucket.NewStore(store, b), b, b
+		m.closers = append(m.closers, b.Close) // after the server's downloads and the janitor end
 		if background {
 			janitorCtx, stopJanitor := context.WithCancel(ctx)
 			janitorDone := make(chan struct{})

@@ -10,8 +10,54 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
 )
+
+// bucketStatus is what GET /debug/bucket answers: whether replicas share
+// a bucket, and its health as this replica sees it.
+type bucketStatus struct {
+	Shared bool `json:"shared"`
+	bucket.Health
+}
+
+// serveBucketHealth answers GET /debug/bucket for m.
+func serveBucketHealth(m *mirror) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		st := bucketStatus{}
+		if m.bucket != nil {
+			st = bucketStatus{Shared: true, Health: m.bucket.Health()}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+	}
+}
+
+// printBucketStatus prints the shared bucket's section of status, when
+// the server shares one (a server without /debug/bucket shares none).
+func printBucketStatus(ctx context.Context, server adminTarget, stdout io.Writer) {
+	resp, err := adminCall(ctx, server, http.MethodGet, "/debug/bucket", "", nil)
+	if err != nil {
+		return // an older server: no such section
+	}
+	defer resp.Body.Close()
+	var st bucketStatus
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&st); err != nil || !st.Shared {
+		return
+	}
+	state := "answering"
+	if st.Degraded {
+		state = fmt.Sprintf("degraded since %s (serving from the local store and the upstream); next probe at %s",
+			st.Since.Format(time.TimeOnly), st.NextProbe.Format(time.TimeOnly))
+	}
+	fmt.Fprintf(stdout, "shared bucket: %s\n", state)
+	fmt.Fprintf(stdout, "  degraded %d times; background writes queued %d, dropped %d\n", st.Transitions, st.QueuedWrites, st.DroppedWrites)
+	if st.LastError != "" {
+		fmt.Fprintf(stdout, "  last error at %s: %s\n", st.LastErrorAt.Format(time.TimeOnly), st.LastError)
+	}
+}
 
 // status runs `pullproxy status`: a running server's live state of its
 // upstreams, from its admin endpoint.
@@ -75,5 +121,6 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		printCorrupt(stdout, u.Corrupt, time.Now())
 	}
+	printBucketStatus(ctx, target, stdout)
 	return nil
 }

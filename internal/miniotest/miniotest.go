@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -150,6 +151,24 @@ func (s *Server) CreateBucket(ctx context.Context, name string) error {
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// Freeze stops the server's process (SIGSTOP): its port still accepts
+// connections, and nothing answers on them, as a hung object store does.
+// The test's cleanup (Stop) ends a frozen server too.
+func (s *Server) Freeze() error {
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		return fmt.Errorf("freezing minio: %w", err)
+	}
+	return nil
+}
+
+// Thaw resumes a server Freeze stopped (SIGCONT).
+func (s *Server) Thaw() error {
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		return fmt.Errorf("thawing minio: %w", err)
+	}
+	return nil
 }
 
 // Stop stops the server.

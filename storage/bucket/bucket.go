@@ -40,6 +40,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -101,6 +103,15 @@ type Bucket struct {
 	log     *slog.Logger
 	metrics *metrics
 	poll    time.Duration // how often a follower looks at a lease
+
+	health     *health
+	probeFirst time.Duration
+	writes     chan backgroundWrite
+	dropped    atomic.Int64
+	closed     atomic.Bool
+	stop       context.CancelFunc // ends the probe and the writers
+	bg         sync.WaitGroup
+	closeOnce  sync.Once
 }
 
 // Option configures Open.
@@ -113,6 +124,7 @@ type options struct {
 	client  *http.Client
 	replica string
 	poll    time.Duration
+	probe   time.Duration
 }
 
 // WithLogger sets the logger. Default (and for nil): slog.Default().
@@ -148,15 +160,21 @@ func withHTTPClient(c *http.Client) Option {
 	return func(o *options) { o.client = c }
 }
 
+// withProbe sets the first wait before probing a degraded bucket (tests).
+func withProbe(d time.Duration) Option {
+	return func(o *options) { o.probe = d }
+}
+
 // withPoll sets how often followers look at a lease (tests).
 func withPoll(d time.Duration) Option {
 	return func(o *options) { o.poll = d }
 }
 
 // Open connects to the bucket and checks that it can be reached with the
-// credentials at hand.
+// credentials at hand. A bucket that does not answer is no error: the
+// replica starts with it degraded. Close stops what Open starts.
 func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
-	o := options{log: slog.Default(), poll: 500 * time.Millisecond}
+	o := options{log: slog.Default(), poll: 500 * time.Millisecond, probe: probeFirst}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -224,23 +242,37 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
 	}
 	b := &Bucket{
 		client: client, presign: s3.NewPresignClient(client), name: cfg.Bucket, prefix: cfg.Prefix,
-		id: id, cfg: cfg, log: o.log, poll: o.poll,
+		id: id, cfg: cfg, log: o.log, poll: o.poll, probeFirst: o.probe, writes: make(chan backgroundWrite, writeQueue),
 	}
 	if b.metrics, err = newMetrics(o.reg); err != nil {
 		return nil, err
 	}
+	b.health = newHealth(b.metrics)
+	bgCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	b.stop = stop
+	b.bg.Go(func() { b.probe(bgCtx) })
+	for range writers {
+		b.bg.Go(func() { b.runWrites(bgCtx) })
+	}
+	opened := false
+	defer func() {
+		if !opened {
+			b.Close()
+		}
+	}()
 	// A listing rather than a HEAD: its refusal says why (a HEAD's has no
 	// body), and the janitor needs the permission.
-	lctx, cancel := context.WithTimeout(ctx, opTimeout)
+	lctx, cancel := context.WithTimeoutCause(ctx, opTimeout, errCallTimeout)
 	_, err = client.ListObjectsV2(lctx, &s3.ListObjectsV2Input{Bucket: aws.String(cfg.Bucket), Prefix: aws.String(cfg.Prefix), MaxKeys: aws.Int32(1)})
+	b.settle(lctx, "list_bucket", err)
 	cancel()
-	b.metrics.request("list_bucket", err)
 	if err != nil {
 		err = fmt.Errorf("bucket %s at %s: %w", cfg.Bucket, b.where(), err)
 		if class, fix := Diagnose(err); class == "bucket unreachable" || class == "bucket error" {
 			// An outage, not a mistake: start, and fetch alone until
 			// the bucket answers.
 			b.log.Warn("the shared bucket does not answer: serving without it until it does", "class", class, "err", err, "fix", fix)
+			opened = true
 			return b, nil
 		}
 		return nil, err
@@ -248,9 +280,10 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
 	if err := b.Check(ctx); errors.Is(err, ErrNoConditionalWrites) {
 		class, fix := Diagnose(err)
 		b.log.Warn("the shared bucket cannot hold leases: "+class, "bucket", cfg.Bucket, "err", err, "fix", fix)
-	} else if err != nil {
+	} else if err != nil && !errors.Is(err, ErrDegraded) {
 		return nil, err
 	}
+	opened = true
 	return b, nil
 }
 
@@ -316,6 +349,9 @@ type object struct {
 // get reads key from off on (the whole object for off 0 and n < 0), or n
 // bytes from off.
 func (b *Bucket) get(ctx context.Context, op, key string, off, n int64) (object, error) {
+	if err := b.health.skip(); err != nil {
+		return object{}, fmt.Errorf("reading %s: %w", key, err)
+	}
 	in := &s3.GetObjectInput{Bucket: &b.name, Key: &key}
 	if off > 0 || n >= 0 {
 		r := "bytes=" + strconv.FormatInt(off, 10) + "-"
@@ -325,7 +361,7 @@ func (b *Bucket) get(ctx context.Context, op, key string, off, n int64) (object,
 		in.Range = &r
 	}
 	out, err := b.client.GetObject(ctx, in)
-	b.metrics.request(op, err)
+	b.settle(ctx, op, err)
 	if err != nil {
 		return object{}, b.wrap("reading", key, err)
 	}
@@ -340,13 +376,14 @@ func (b *Bucket) get(ctx context.Context, op, key string, off, n int64) (object,
 	return o, nil
 }
 
-// opTimeout bounds a request on a small object (a lease, tag, member,
-// manifest): a bucket that hangs must not hold a pull for long.
+// opTimeout bounds a request no client waits on (a background write, a
+// deletion, the check at start).
 const opTimeout = 15 * time.Second
 
-// getSmall reads a small object whole.
+// getSmall reads a small object whole, within clientTimeout: a client
+// waits on it.
 func (b *Bucket) getSmall(ctx context.Context, op, key string) ([]byte, object, error) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	ctx, cancel := withClientTimeout(ctx)
 	defer cancel()
 	o, err := b.get(ctx, op, key, 0, -1)
 	if err != nil {
@@ -355,6 +392,9 @@ func (b *Bucket) getSmall(ctx context.Context, op, key string) ([]byte, object, 
 	defer o.body.Close()
 	body, err := io.ReadAll(io.LimitReader(o.body, 16<<20))
 	if err != nil {
+		if isTimeout(ctx, err) {
+			b.settle(ctx, op, err)
+		}
 		return nil, o, b.wrap("reading", key, err)
 	}
 	return body, o, nil
@@ -366,12 +406,15 @@ func (b *Bucket) head(ctx context.Context, op, key string) (int64, error) {
 	return n, err
 }
 
-// headMeta returns key's size and metadata.
+// headMeta returns key's size and metadata, within clientTimeout.
 func (b *Bucket) headMeta(ctx context.Context, op, key string) (int64, map[string]string, error) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	if err := b.health.skip(); err != nil {
+		return 0, nil, fmt.Errorf("looking up %s: %w", key, err)
+	}
+	ctx, cancel := withClientTimeout(ctx)
 	defer cancel()
 	out, err := b.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &b.name, Key: &key})
-	b.metrics.request(op, err)
+	b.settle(ctx, op, err)
 	if err != nil {
 		return 0, nil, b.wrap("looking up", key, err)
 	}
@@ -382,6 +425,9 @@ func (b *Bucket) headMeta(ctx context.Context, op, key string) (int64, map[strin
 // it conditional: it then fails with errPrecondition when the condition
 // does not hold. It returns the new object's ETag.
 func (b *Bucket) put(ctx context.Context, op, key string, body io.ReadSeeker, size int64, ifNoneMatch, ifMatch string, metadata map[string]string) (string, error) {
+	if err := b.health.skip(); err != nil {
+		return "", fmt.Errorf("writing %s: %w", key, err)
+	}
 	in := &s3.PutObjectInput{Bucket: &b.name, Key: &key, Body: body, ContentLength: aws.Int64(size), Metadata: metadata}
 	if ifNoneMatch != "" {
 		in.IfNoneMatch = &ifNoneMatch
@@ -390,7 +436,7 @@ func (b *Bucket) put(ctx context.Context, op, key string, body io.ReadSeeker, si
 		in.IfMatch = &ifMatch
 	}
 	out, err := b.client.PutObject(ctx, in)
-	b.metrics.request(op, err)
+	b.settle(ctx, op, err)
 	if err != nil {
 		return "", b.wrap("writing", key, err)
 	}
@@ -398,8 +444,10 @@ func (b *Bucket) put(ctx context.Context, op, key string, body io.ReadSeeker, si
 	return aws.ToString(out.ETag), nil
 }
 
+// putBytes writes a small object, within clientTimeout: a client may
+// wait on it (a manifest, tag, member or lease).
 func (b *Bucket) putBytes(ctx context.Context, op, key string, body []byte, ifNoneMatch, ifMatch string, metadata map[string]string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout)
+	ctx, cancel := withClientTimeout(ctx)
 	defer cancel()
 	return b.put(ctx, op, key, bytes.NewReader(body), int64(len(body)), ifNoneMatch, ifMatch, metadata)
 }
@@ -408,7 +456,10 @@ func (b *Bucket) putBytes(ctx context.Context, op, key string, body []byte, ifNo
 // where the server refuses batches (some S3-compatible servers want a
 // Content-MD5 the SDK does not send).
 func (b *Bucket) delete(ctx context.Context, op string, keys ...string) error {
-	ctx, cancel := context.WithTimeout(ctx, opTimeout*time.Duration(1+len(keys)/100))
+	if err := b.health.skip(); err != nil {
+		return fmt.Errorf("deleting %s: %w", keys[0], err)
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, opTimeout*time.Duration(1+len(keys)/100), errCallTimeout)
 	defer cancel()
 	if len(keys) > 1 {
 		err := b.deleteBatches(ctx, op, keys)
@@ -421,7 +472,7 @@ func (b *Bucket) delete(ctx context.Context, op string, keys ...string) error {
 	}
 	for _, key := range keys {
 		_, err := b.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &b.name, Key: &key})
-		b.metrics.request(op, err)
+		b.settle(ctx, op, err)
 		if err != nil && !isNotFound(err) {
 			return b.wrap("deleting", key, err)
 		}
@@ -437,7 +488,7 @@ func (b *Bucket) deleteBatches(ctx context.Context, op string, keys []string) er
 		}
 		out, err := b.client.DeleteObjects(ctx, &s3.DeleteObjectsInput{Bucket: &b.name,
 			Delete: &types.Delete{Objects: objs, Quiet: aws.Bool(true)}})
-		b.metrics.request(op, err)
+		b.settle(ctx, op, err)
 		if err != nil {
 			return b.wrap("deleting", batch[0]+" and others", err)
 		}

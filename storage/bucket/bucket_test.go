@@ -49,6 +49,7 @@ func newReplica(t *testing.T, srv *miniotest.Server, name string, cfg Config, op
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(b.Close)
 	st, err := storage.Open(t.Context(), t.TempDir(), storage.WithLogger(log))
 	if err != nil {
 		t.Fatal(err)

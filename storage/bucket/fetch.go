@@ -85,11 +85,16 @@ const smallBlob = 1 << 20
 // fetched for some repository, maybe not the one dl is for. Once Fetch
 // returns, dl's owner commits it and tells the result to Finish.
 //
-// Whenever the bucket fails (unreachable, refusing, a part missing), fetch
-// runs alone from what dl holds: the replica works on without sharing.
+// Whenever the bucket fails (unreachable, refusing, a part missing, not
+// answering in time), or while it is degraded, fetch runs alone from what
+// dl holds: the replica works on without sharing.
 func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Context) error, fetch func(context.Context) error) (*Fetch, error) {
 	d := dl.Digest()
 	f := &Fetch{Source: SourceUpstream, b: b, d: d}
+	if b.Degraded() {
+		b.metrics.blobs.WithLabelValues(string(SourceUpstream)).Inc()
+		return f, fetch(ctx)
+	}
 	confirmed := false
 	check := func() error {
 		if confirmed {
@@ -239,7 +244,7 @@ func (f *Fetch) Finish(ctx context.Context, committed error) {
 	mismatch := errors.Is(committed, storage.ErrDigestMismatch) || errors.Is(committed, storage.ErrSizeMismatch)
 	switch {
 	case f.small != nil && committed == nil:
-		b.putSmall(ctx, f.small)
+		b.putSmall(f.small)
 	case f.Source == SourceBucket && mismatch && !errors.Is(committed, storage.ErrChangedOnDisk):
 		b.log.Warn("a blob in the shared bucket failed verification: removed from the bucket", "digest", f.d, "err", committed)
 		b.delete(ctx, "delete_blob", b.blobKey(f.d))
@@ -275,20 +280,24 @@ func (f *Fetch) Finish(ctx context.Context, committed error) {
 	}
 }
 
-// putSmall uploads a small verified blob whole, unless another replica
-// did first.
-func (b *Bucket) putSmall(ctx context.Context, dl Download) {
+// putSmall queues the upload of a small verified blob whole, unless
+// another replica did first: in the background, as no client waits on it.
+// The file is opened now, while the download's bytes are surely there.
+func (b *Bucket) putSmall(dl Download) {
 	f, err := dl.Open()
-	if err == nil {
-		defer f.Close()
-		var fi os.FileInfo
-		if fi, err = f.Stat(); err == nil {
-			_, err = b.put(ctx, "put_blob", b.blobKey(dl.Digest()), f, fi.Size(), "*", "", nil)
-		}
-	}
-	if err != nil && !errors.Is(err, errPrecondition) {
+	if err != nil {
 		b.log.Warn("sharing a blob in the bucket: other replicas fetch it themselves", "digest", dl.Digest(), "err", err)
+		return
 	}
+	key := b.blobKey(dl.Digest())
+	b.background("put_blob", func(ctx context.Context) error {
+		defer f.Close()
+		fi, err := f.Stat()
+		if err == nil {
+			_, err = b.put(ctx, "put_blob", key, f, fi.Size(), "*", "", nil)
+		}
+		return err
+	}, func() { f.Close() })
 }
 
 // removeUpload deletes a blob's lease, then its parts, while the lease is
@@ -352,7 +361,11 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 				if !l.uploaded(i) {
 					continue
 				}
-				if err := b.fillPart(ctx, dl, l, i); err != nil && !errors.Is(err, storage.ErrNotFound) {
+				err := b.fillPart(ctx, dl, l, i)
+				if errors.Is(err, ErrDegraded) {
+					return false, held{}, fmt.Errorf("%w: following %s: %w", errUnusable, d, err)
+				}
+				if err != nil && !errors.Is(err, storage.ErrNotFound) {
 					if ctx.Err() != nil {
 						return false, held{}, ctx.Err()
 					}
@@ -380,6 +393,8 @@ func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, 
 		}
 		nl, err := b.readLease(ctx, d)
 		switch {
+		case errors.Is(err, ErrDegraded):
+			return false, held{}, fmt.Errorf("%w: following %s: %w", errUnusable, d, err)
 		case errors.Is(err, storage.ErrNotFound):
 			found, err := b.fromBlob(ctx, dl, func() error { return nil })
 			if err != nil {
@@ -421,12 +436,15 @@ func (b *Bucket) fromBlob(ctx context.Context, dl Download, check func() error) 
 	defer w.Stop()
 	o, err := b.get(rctx, "get_blob", key, start, -1)
 	switch {
+	case errors.Is(err, ErrDegraded):
+		return false, fmt.Errorf("%w: %w", errUnusable, err)
 	case errors.Is(err, storage.ErrNotFound):
 		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("%w: %w", errUnusable, err)
 	}
 	defer o.body.Close()
+	w.Reset(readStall)
 	if err := check(); err != nil {
 		return false, err
 	}
@@ -440,6 +458,9 @@ func (b *Bucket) fromBlob(ctx context.Context, dl Download, check func() error) 
 	copyBuffers.Put(buf)
 	if err == nil {
 		return true, nil
+	}
+	if isTimeout(rctx, err) && ctx.Err() == nil {
+		b.settle(rctx, "get_blob", err) // a stall: the bucket hangs
 	}
 	// Cut short: the rest in ranged GETs, resumed where each stops.
 	b.log.Warn("reading from the bucket: resuming", "key", key, "at", start+n, "err", err)
@@ -499,7 +520,12 @@ func (b *Bucket) copyRange(ctx context.Context, dl Download, key string, base, s
 		return 0, err
 	}
 	defer o.body.Close()
-	return copyBody(dl, o.body, key, start, end-start, buf, w)
+	w.Reset(readStall)
+	n, err := copyBody(dl, o.body, key, start, end-start, buf, w)
+	if isTimeout(rctx, err) && ctx.Err() == nil {
+		b.settle(rctx, "get_blob", err)
+	}
+	return n, err
 }
 
 // readStall is how long a read from the bucket may bring no byte before
@@ -507,10 +533,12 @@ func (b *Bucket) copyRange(ctx context.Context, dl Download, key string, base, s
 const readStall = 30 * time.Second
 
 // watch returns a context that ends when the timer it comes with fires:
-// reset at every read, it abandons a read that stalls.
+// first after clientTimeout, for the answer's first byte (a client waits
+// on it); reset to readStall at every read then, it abandons a read that
+// stalls.
 func (b *Bucket) watch(ctx context.Context) (context.Context, *time.Timer) {
-	ctx, cancel := context.WithCancel(ctx)
-	return ctx, time.AfterFunc(readStall, cancel)
+	ctx, cancel := context.WithCancelCause(ctx)
+	return ctx, time.AfterFunc(clientTimeout, func() { cancel(errCallTimeout) })
 }
 
 // copyBody copies n bytes of body into dl at off, through buf, resetting
@@ -690,6 +718,9 @@ const uploadsAtOnce = 4
 // copy for one part, else a multipart upload of part copies. Replicas read
 // the whole blob from then on.
 func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lease, inherited bool) error {
+	if err := b.health.skip(); err != nil {
+		return fmt.Errorf("assembling %s in the bucket: %w", d, err)
+	}
 	dst := b.blobKey(d)
 	n := l.numParts()
 	src := func(i int) *string { return aws.String(copySource(b.name, b.partKey(d, i))) }
@@ -710,7 +741,7 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lea
 		}
 		_, err = b.client.CopyObject(cctx, &s3.CopyObjectInput{Bucket: &b.name, Key: &dst, CopySource: src(0)})
 		cancel()
-		b.metrics.request("copy_blob", err)
+		b.settle(cctx, "copy_blob", err)
 		if err != nil {
 			return b.wrap("assembling", dst, err)
 		}
@@ -728,7 +759,7 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lea
 		}
 		mu, err := b.client.CreateMultipartUpload(cctx, &s3.CreateMultipartUploadInput{Bucket: &b.name, Key: &dst})
 		cancel()
-		b.metrics.request("create_multipart", err)
+		b.settle(cctx, "create_multipart", err)
 		if err != nil {
 			return b.wrap("assembling", dst, err)
 		}
@@ -744,7 +775,7 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lea
 				defer cancel()
 				out, err := b.client.UploadPartCopy(pctx, &s3.UploadPartCopyInput{Bucket: &b.name, Key: &dst,
 					UploadId: mu.UploadId, PartNumber: aws.Int32(int32(i + 1)), CopySource: src(i)})
-				b.metrics.request("copy_part", err)
+				b.settle(pctx, "copy_part", err)
 				if err != nil {
 					return b.wrap("copying a part into", dst, err)
 				}
@@ -759,7 +790,7 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lea
 				_, err = b.client.CompleteMultipartUpload(cctx, &s3.CompleteMultipartUploadInput{Bucket: &b.name, Key: &dst,
 					UploadId: mu.UploadId, MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}})
 				cancel()
-				b.metrics.request("complete_multipart", err)
+				b.settle(cctx, "complete_multipart", err)
 				if err != nil {
 					err = b.wrap("assembling", dst, err)
 				}
@@ -769,7 +800,7 @@ func (b *Bucket) compose(ctx context.Context, d digest.Digest, h *holding, l lea
 			actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 			_, aerr := b.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: &b.name, Key: &dst, UploadId: mu.UploadId})
 			cancel()
-			b.metrics.request("abort_multipart", aerr)
+			b.settle(actx, "abort_multipart", aerr)
 			return err
 		}
 	}

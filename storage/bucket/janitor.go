@@ -22,6 +22,9 @@ func (b *Bucket) Clean(ctx context.Context) (removed int, err error) {
 		newest time.Time
 		keys   []string
 	}
+	if err := b.health.skip(); err != nil {
+		return 0, err
+	}
 	uploads := map[string]*upload{}
 	prefix := b.prefix + "uploads/"
 	p := s3.NewListObjectsV2Paginator(b.client, &s3.ListObjectsV2Input{Bucket: &b.name, Prefix: &prefix})
@@ -30,7 +33,7 @@ func (b *Bucket) Clean(ctx context.Context) (removed int, err error) {
 	cutoff := time.Now().Add(-b.cfg.StaleUploads)
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
-		b.metrics.request("list_uploads", err)
+		b.settle(ctx, "list_uploads", err)
 		if err != nil {
 			return removed, b.wrap("listing", prefix, err)
 		}
@@ -83,8 +86,11 @@ func (b *Bucket) Clean(ctx context.Context) (removed int, err error) {
 func (b *Bucket) abortAssemblies(ctx context.Context, prefix string, cutoff time.Time) (aborted int, err error) {
 	in := &s3.ListMultipartUploadsInput{Bucket: &b.name, Prefix: &prefix}
 	for {
+		if err := b.health.skip(); err != nil {
+			return aborted, err
+		}
 		out, err := b.client.ListMultipartUploads(ctx, in)
-		b.metrics.request("list_multipart", err)
+		b.settle(ctx, "list_multipart", err)
 		if err != nil {
 			return aborted, b.wrap("listing multipart uploads under", prefix, err)
 		}
@@ -93,7 +99,7 @@ func (b *Bucket) abortAssemblies(ctx context.Context, prefix string, cutoff time
 				continue
 			}
 			_, err := b.client.AbortMultipartUpload(ctx, &s3.AbortMultipartUploadInput{Bucket: &b.name, Key: u.Key, UploadId: u.UploadId})
-			b.metrics.request("abort_multipart", err)
+			b.settle(ctx, "abort_multipart", err)
 			if err != nil && !isNotFound(err) {
 				return aborted, b.wrap("aborting a multipart upload of", aws.ToString(u.Key), err)
 			}
@@ -118,7 +124,7 @@ func (b *Bucket) RunJanitor(ctx context.Context, interval time.Duration) {
 			return
 		case <-time.After(wait):
 		}
-		if _, err := b.Clean(ctx); err != nil && ctx.Err() == nil {
+		if _, err := b.Clean(ctx); err != nil && ctx.Err() == nil && !errors.Is(err, ErrDegraded) {
 			b.log.Warn("cleaning stale uploads in the shared bucket", "err", err)
 		}
 	}

@@ -13,12 +13,17 @@ type metrics struct {
 	written  prometheus.Counter
 	blobs    *prometheus.CounterVec
 	takeover prometheus.Counter
+	// degraded is 1 while calls skip the bucket; degradedTotal counts
+	// the times it became so.
+	degraded      prometheus.Gauge
+	degradedTotal prometheus.Counter
+	dropped       *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pullproxy_bucket_requests_total",
-			Help: "Requests made to the shared bucket, by operation and result (ok, not_found, precondition, error)."},
+			Help: "Requests made to the shared bucket, by operation and result (ok, not_found, precondition, timeout, error)."},
 			[]string{"op", "result"}),
 		read: prometheus.NewCounter(prometheus.CounterOpts{Name: "pullproxy_bucket_read_bytes_total",
 			Help: "Bytes read from the shared bucket."}),
@@ -29,11 +34,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			[]string{"source"}),
 		takeover: prometheus.NewCounter(prometheus.CounterOpts{Name: "pullproxy_bucket_lease_takeovers_total",
 			Help: "Downloads this replica took over from a replica that stopped renewing its lease."}),
+		degraded: prometheus.NewGauge(prometheus.GaugeOpts{Name: "pullproxy_bucket_degraded",
+			Help: "1 while the shared bucket is degraded (it did not answer in time): calls skip it, and a probe waits for it to answer."}),
+		degradedTotal: prometheus.NewCounter(prometheus.CounterOpts{Name: "pullproxy_bucket_degraded_total",
+			Help: "Times the shared bucket became degraded."}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pullproxy_bucket_writes_dropped_total",
+			Help: "Background writes to the shared bucket (blobs committed here, to share) dropped, by reason (queue_full, degraded, closed)."},
+			[]string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.read, m.written, m.blobs, m.takeover} {
+	for _, c := range []prometheus.Collector{m.requests, m.read, m.written, m.blobs, m.takeover,
+		m.degraded, m.degradedTotal, m.dropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -41,10 +54,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-func (m *metrics) request(op string, err error) {
+// request counts a request by its outcome; timeout says it ran out of time.
+func (m *metrics) request(op string, err error, timeout bool) {
 	result := "ok"
 	switch {
 	case err == nil:
+	case timeout:
+		result = "timeout"
 	case isNotFound(err):
 		result = "not_found"
 	case isPrecondition(err):

@@ -87,7 +87,7 @@ func (s *Store) SetMediaType(ctx context.Context, d digest.Digest, mediaType str
 		return nil // not a manifest: nothing to share
 	}
 	meta := map[string]string{mediaTypeKey: mediaType}
-	if _, err := s.b.putBytes(ctx, "put_manifest", s.b.manifestKey(d), body, "*", "", meta); err != nil && !errors.Is(err, errPrecondition) {
+	if _, err := s.b.putBytes(ctx, "put_manifest", s.b.manifestKey(d), body, "*", "", meta); err != nil && !errors.Is(err, errPrecondition) && !errors.Is(err, ErrDegraded) {
 		s.b.log.Warn("sharing a manifest in the bucket: other replicas fetch it themselves", "digest", d, "err", err)
 	}
 	return nil
@@ -103,7 +103,7 @@ func (s *Store) Tag(ctx context.Context, upstream, repo, tag string) (storage.Ta
 			return rec, nil
 		}
 		s.b.log.Warn("a tag record in the shared bucket is not readable: ignored", "key", s.b.tagKey(upstream, repo, tag))
-	} else if !errors.Is(err, storage.ErrNotFound) {
+	} else if !errors.Is(err, storage.ErrNotFound) && !isTimeout(ctx, err) {
 		s.b.log.Warn("reading a tag from the shared bucket: answering from the local store", "err", err)
 	}
 	return s.Store.Tag(ctx, upstream, repo, tag)
@@ -118,7 +118,7 @@ func (s *Store) PutTag(ctx context.Context, upstream, repo, tag string, rec stor
 	if err != nil {
 		return err
 	}
-	if _, err := s.b.putBytes(ctx, "put_tag", s.b.tagKey(upstream, repo, tag), body, "", "", nil); err != nil {
+	if _, err := s.b.putBytes(ctx, "put_tag", s.b.tagKey(upstream, repo, tag), body, "", "", nil); err != nil && !errors.Is(err, ErrDegraded) {
 		s.b.log.Warn("sharing a tag in the bucket: other replicas may answer it differently until it is revalidated",
 			"upstream", upstream, "repo", repo, "tag", tag, "err", err)
 	}
@@ -217,7 +217,7 @@ func (s *Store) shareMembers(ctx context.Context, upstream, repo string, ds []di
 			return err
 		})
 	}
-	if err := g.Wait(); err != nil {
+	if err := g.Wait(); err != nil && !errors.Is(err, ErrDegraded) {
 		s.b.log.Warn("sharing what a repository holds in the bucket: other replicas ask the upstream",
 			"upstream", upstream, "repo", repo, "err", err)
 	}
