@@ -122,15 +122,13 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 		}
 		log.Info("importing through the admin endpoint", "archive", name)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		imp := &importer{store: m.store, file: tmp.Name()}
+		imp := newImporter(m, tmp.Name(), r.URL.Query().Get("retag") == "1")
 		if err := imp.run(r.Context(), dataDir); err != nil {
 			fmt.Fprintf(w, "error %s: %v\n", name, err)
 			return
 		}
-		for _, t := range imp.tagged {
-			fmt.Fprintf(w, "imported %s %s\n", t.ref, t.digest)
-		}
-		fmt.Fprintf(w, "imported %s: %d images, %d blobs added, %s\ndone\n", name, len(imp.tagged), len(imp.added), humanBytes(imp.bytes))
+		imp.report(w, name)
+		fmt.Fprintln(w, "done")
 	})
 	mux.HandleFunc("POST /seed", func(w http.ResponseWriter, r *http.Request) {
 		var req seedRequest
