@@ -37,7 +37,7 @@ func TestIngestChecksClaims(t *testing.T) {
 	}{
 		{"held, a false size", 10 << 40, held, ErrTooLarge},
 		{"held, a size one byte larger", int64(len(held)) + 1, append(held, 0), ErrSizeMismatch},
-		{"held, other bytes", int64(len(held)), other[:len(held)/2:len(held)/2], ErrSizeMismatch},
+		{"held, other bytes", int64(len(held)), other[: len(held)/2 : len(held)/2], ErrSizeMismatch},
 		{"held, altered bytes", int64(len(held)), flipped(held), ErrDigestMismatch},
 	} {
 		if _, err := s.Ingest(ctx, hd, tc.size, bytes.NewReader(tc.body)); !errors.Is(err, tc.want) {

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -246,7 +247,9 @@ type plannedManifest struct {
 	raw       []byte
 }
 
-func blobEntryName(d digest.Digest) string { return "blobs/" + string(d.Algorithm()) + "/" + d.Encoded() }
+func blobEntryName(d digest.Digest) string {
+	return "blobs/" + string(d.Algorithm()) + "/" + d.Encoded()
+}
 
 // planLayout reads index.json and every manifest it leads to, each
 // verified by its digest, and checks every size they declare against the
@@ -519,6 +522,20 @@ func (imp *importer) record(ctx context.Context) error {
 	return nil
 }
 
+// connectionCut tells whether err is the admin endpoint's connection
+// closed before its answer: the server stopped, or the connection broke.
+func connectionCut(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// cutMessage tells the operator what an import cut off means: a server
+// takes back what an unfinished import added, at the latest when it
+// starts next.
+func cutMessage(err error) string {
+	return fmt.Sprintf("import cancelled: the admin endpoint closed the connection before the import ended (%v); "+
+		"nothing was kept (the server takes back what an unfinished import added, at the latest when it starts next)", err)
+}
+
 // report writes what the import did to w: each image, and whether its
 // tag was recorded.
 func (imp *importer) report(w io.Writer, name string) {
@@ -548,6 +565,11 @@ func importThroughServer(ctx context.Context, server string, files []string, ret
 		}
 		resp, err := adminCall(ctx, server, http.MethodPost, "/import?"+q.Encode(), "application/x-tar", f)
 		f.Close()
+		if connectionCut(err) {
+			fmt.Fprintf(out, "error %s: %s\n", file, cutMessage(err))
+			failed++
+			continue
+		}
 		if errors.Is(err, errAdminRefused) {
 			fmt.Fprintln(out, err)
 			failed++
@@ -560,10 +582,7 @@ func importThroughServer(ctx context.Context, server string, files []string, ret
 		resp.Body.Close()
 		text := strings.TrimSpace(string(body))
 		if err != nil && text == "" {
-			// The server stopped, or the connection broke, before it
-			// answered: it takes back what an unfinished import added.
-			fmt.Fprintf(out, "error %s: the admin endpoint closed the connection before the import ended (%v): "+
-				"the server keeps nothing of an unfinished import\n", file, err)
+			fmt.Fprintf(out, "error %s: %s\n", file, cutMessage(err))
 			failed++
 			continue
 		}
