@@ -39,14 +39,14 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	server := fs.String("server", "", "import into a running pullproxy through its admin endpoint instead (http://127.0.0.1:5001)")
 	retag := fs.Bool("retag", false, "record the archive's tags and repositories even for upstreams that are online (configured, not offline: true)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server URL] FILE.tar...\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server URL] [--retag] FILE.tar...\n\n"+
 			"Loads OCI image-layout archives (pullproxy export, skopeo oci-archive:) and docker-save tars\n"+
 			"(crane pull, docker save) into the store, verifying every digest and size, and records their\n"+
 			"tags (full references: docker.io/library/alpine:3.20). An archive with a bad entry is refused\n"+
 			"whole and leaves the store as it was, as does an import cancelled.\n\n"+
-			"Tags are recorded only for upstreams that are not online (offline: true, or not configured):\n"+
-			"an online upstream's tags stay the upstream's, and its blobs are imported. --retag records\n"+
-			"them all the same (an air-gapped site without offline: true).\n\n")
+			"Tags are recorded only for upstreams that are not online (offline: true, or not configured;\n"+
+			"without a config the public registries are configured): an online upstream's tags stay the\n"+
+			"upstream's, and its blobs are imported. --retag records them all the same.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
