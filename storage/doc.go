@@ -11,7 +11,11 @@
 //	│           └── ab12…ef          verified content, named by its hex digest
 //	├── partial/
 //	│   ├── sha256-ab12…ef           a blob being downloaded, written at its offsets
-//	│   └── put-…                    a small blob being stored whole (PutBlob)
+//	│   ├── put-…                    a small blob being stored whole (PutBlob)
+//	│   └── ingest-…                 a blob being imported whole (Ingest)
+//	├── ingests/
+//	│   └── batch-…                  an import in progress: the blobs it added, taken
+//	│                                back at Open if it never ended (IngestBatch)
 //	├── quarantine/
 //	│   └── sha256-ab12…ef-<time>    a blob found damaged on disk, kept for a look
 //	└── meta/                         Badger: tags, media types, sizes, last access,

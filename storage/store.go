@@ -119,6 +119,10 @@ func Open(ctx context.Context, dir string, opts ...Option) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
+	if err := s.abandonIngests(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
 	return s, nil
 }
 

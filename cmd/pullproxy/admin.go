@@ -247,8 +247,10 @@ func (a *adminServer) shutdown(ctx context.Context) {
 		if err := a.hs.Shutdown(ctx); err != nil {
 			a.log.Warn("admin requests still running at shutdown were cancelled", "err", err)
 		}
+		// Cancelled before their connections close, so that a cancelled
+		// import can tell its client it kept nothing, rather than the
+		// client seeing the connection end.
 		a.cancel()
-		a.hs.Close()
 		done := make(chan struct{})
 		go func() { a.drain.close(); close(done) }()
 		select {
@@ -256,6 +258,7 @@ func (a *adminServer) shutdown(ctx context.Context) {
 		case <-time.After(adminDrainWait):
 			a.log.Warn("admin requests did not end after being cancelled; closing the store under them", "waited", adminDrainWait)
 		}
+		a.hs.Close()
 	})
 }
 
@@ -390,15 +393,13 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 		}
 		log.Info("importing through the admin endpoint", "archive", name)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		imp := &importer{store: m.store, file: tmp.Name()}
+		imp := newImporter(m, tmp.Name(), r.URL.Query().Get("retag") == "1")
 		if err := imp.run(r.Context(), dataDir); err != nil {
 			fmt.Fprintf(w, "error %s: %v\n", name, err)
 			return
 		}
-		for _, t := range imp.tagged {
-			fmt.Fprintf(w, "imported %s %s\n", t.ref, t.digest)
-		}
-		fmt.Fprintf(w, "imported %s: %d images, %d blobs added, %s\ndone\n", name, len(imp.tagged), len(imp.added), humanBytes(imp.bytes))
+		imp.report(w, name)
+		fmt.Fprintln(w, "done")
 	})
 	mux.HandleFunc("POST /seed", func(w http.ResponseWriter, r *http.Request) {
 		var req seedRequest

@@ -27,6 +27,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // archiveFlags are the flags export and import share with seed: where the
@@ -114,6 +115,7 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return exportThroughServer(ctx, target, fs.Args(), *out, stdout)
 	}
+	cfg.Upstreams = withStoreOnlyUpstreams(cfg.Upstreams, pins)
 	m, err := openCommandMirror(ctx, cfg, stderr)
 	if errors.Is(err, storage.ErrInUse) {
 		// A server runs on the data dir: through its admin endpoint.
@@ -135,6 +137,23 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	fmt.Fprintf(stdout, "wrote %s\n", *out)
 	return nil
+}
+
+// withStoreOnlyUpstreams adds to ups, as offline, the upstreams of pins
+// that ups lacks: an image the store holds is exported without its
+// upstream configured (an air-gapped site's data dir, or a copy of one).
+func withStoreOnlyUpstreams(ups []upstreamConfig, pins []pinnedImage) []upstreamConfig {
+	have := map[string]bool{}
+	for _, u := range ups {
+		have[upstream.CanonicalName(u.Name)] = true
+	}
+	for _, p := range pins {
+		if !have[p.upstream] {
+			have[p.upstream] = true
+			ups = append(ups, upstreamConfig{Name: p.upstream, Offline: true})
+		}
+	}
+	return ups
 }
 
 // exportImages writes an OCI image-layout archive of pins to w, the

@@ -1,9 +1,9 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,15 +12,14 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -39,12 +38,16 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	af.register(fs)
 	var admin adminFlags
 	admin.register(fs, "import")
+	retag := fs.Bool("retag", false, "record the archive's tags and repositories even for upstreams that are online (configured, not offline: true)")
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server ADDR] FILE.tar...\n\n"+
+		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server ADDR] [--retag] FILE.tar...\n\n"+
 			"Loads OCI image-layout archives (pullproxy export, skopeo oci-archive:) and docker-save tars\n"+
 			"(crane pull, docker save) into the store, verifying every digest and size, and records their\n"+
 			"tags (full references: docker.io/library/alpine:3.20). An archive with a bad entry is refused\n"+
-			"whole and leaves the store as it was.\n\n")
+			"whole and leaves the store as it was, as does an import cancelled.\n\n"+
+			"Tags are recorded only for upstreams that are not online (offline: true, or not configured;\n"+
+			"without a config the public registries are configured): an online upstream's tags stay the\n"+
+			"upstream's, and its blobs are imported. --retag records them all the same.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -63,7 +66,7 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 		if err != nil {
 			return fmt.Errorf("import: %w", err)
 		}
-		return importThroughServer(ctx, target, fs.Args(), stdout)
+		return importThroughServer(ctx, target, fs.Args(), *retag, stdout)
 	}
 	m, err := openCommandMirror(ctx, cfg, stderr)
 	if errors.Is(err, storage.ErrInUse) {
@@ -72,7 +75,7 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 		if terr != nil {
 			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
 		}
-		return importThroughServer(ctx, target, fs.Args(), stdout)
+		return importThroughServer(ctx, target, fs.Args(), *retag, stdout)
 	}
 	if err != nil {
 		return err
@@ -80,7 +83,7 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer m.Close()
 	failed := 0
 	for _, file := range fs.Args() {
-		imp := &importer{store: m.store, file: file}
+		imp := newImporter(m, file, *retag)
 		var size int64
 		if fi, err := os.Stat(file); err == nil {
 			size = fi.Size()
@@ -95,10 +98,7 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 			failed++
 			continue
 		}
-		for _, t := range imp.tagged {
-			fmt.Fprintf(stdout, "imported %s %s\n", t.ref, t.digest)
-		}
-		fmt.Fprintf(stdout, "imported %s: %d images, %d blobs added, %s\n", file, len(imp.tagged), len(imp.added), humanBytes(imp.bytes))
+		imp.report(stdout, file)
 	}
 	if failed > 0 {
 		return fmt.Errorf("import: %d of %d archives refused", failed, fs.NArg())
@@ -110,15 +110,31 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 type importer struct {
 	store *storage.Store
 	file  string
+	// mayRetag tells whether the archive may move upstream's tags and
+	// record its repositories: an upstream that is online keeps its own
+	// (the archive's blobs are imported all the same: content-addressed,
+	// they change no answer) unless the operator asks (--retag).
+	mayRetag func(upstream string) bool
 
-	added  []digest.Digest // blobs this archive added: taken back on failure
+	batch  *storage.IngestBatch // what this archive added: taken back on failure
 	bytes  int64
 	read   atomic.Int64 // blob bytes read from the archive so far
 	tagged []importedTag
+	kept   []string // upstreams whose tags the archive left alone
 	// What each repository gets: its digests, and the sizes its manifests
 	// declare (see storage.SetDeclaredSizes), recorded once all is in.
 	members  map[repoKey]map[digest.Digest]int64
 	seenBlob map[digest.Digest]bool
+}
+
+// newImporter returns the importer of file into m's store: tags of m's
+// online upstreams are moved only when retag.
+func newImporter(m *mirror, file string, retag bool) *importer {
+	online := map[string]bool{}
+	for _, u := range m.upstreams {
+		online[u.Name()] = true
+	}
+	return &importer{store: m.store, file: file, mayRetag: func(up string) bool { return retag || !online[up] }}
 }
 
 type repoKey struct{ upstream, repo string }
@@ -131,78 +147,87 @@ type importedTag struct {
 	size      int64
 }
 
+// errImportCancelled: the import was stopped (SIGTERM, the client gone)
+// and what it added was taken back.
+var errImportCancelled = errors.New("import cancelled")
+
 func (imp *importer) run(ctx context.Context, dataDir string) (err error) {
 	imp.members, imp.seenBlob = map[repoKey]map[digest.Digest]int64{}, map[digest.Digest]bool{}
-	defer func() {
-		if err != nil && len(imp.added) > 0 {
-			if rerr := imp.store.RemoveBlobs(context.WithoutCancel(ctx), imp.added); rerr != nil {
-				err = errors.Join(err, fmt.Errorf("taking back what it added: %w", rerr))
-			}
-			imp.added = nil
-		}
-	}()
-	kind, err := archiveKind(imp.file)
+	if imp.mayRetag == nil {
+		imp.mayRetag = func(string) bool { return true }
+	}
+	x, err := indexArchive(ctx, imp.file)
+	if err != nil {
+		return imp.cancelled(ctx, err)
+	}
+	defer x.Close()
+	kind, err := archiveKind(x)
 	if err != nil {
 		return err
 	}
+	// Every size the archive declares is checked before anything is
+	// written or evicted.
+	var plan *layoutPlan
 	switch kind {
 	case "oci":
-		// Extracted beside the store, on its file system: layout reads
-		// blobs by path.
-		dir, err := os.MkdirTemp(dataDir, ".import-*")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		if err := extractTar(imp.file, dir); err != nil {
-			return err
-		}
-		if err := imp.fromLayout(ctx, dir); err != nil {
-			return err
+		if plan, err = imp.planLayout(ctx, x); err != nil {
+			return imp.cancelled(ctx, err)
 		}
 	case "docker":
-		if err := imp.fromDockerSave(ctx); err != nil {
-			return err
+		for _, e := range x.entries {
+			if err := imp.store.CheckFits("", e.size); err != nil {
+				return fmt.Errorf("entry %q: %w", e.name, err)
+			}
 		}
 	}
+	if imp.batch, err = imp.store.BeginIngest(); err != nil {
+		return err
+	}
+	defer func() {
+		if err == nil {
+			err = imp.batch.Keep()
+			return
+		}
+		if rerr := imp.batch.Abandon(ctx); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("taking back what it added (the next start does): %w", rerr))
+			return
+		}
+		err = imp.cancelled(ctx, err)
+	}()
+	switch kind {
+	case "oci":
+		err = imp.fromLayout(ctx, x, plan)
+	case "docker":
+		err = imp.fromDockerSave(ctx)
+	}
+	if err != nil {
+		return err
+	}
 	return imp.record(ctx)
+}
+
+// cancelled tells a failure that came of ctx's end as such.
+func (imp *importer) cancelled(ctx context.Context, err error) error {
+	if ctx.Err() == nil {
+		return err
+	}
+	return fmt.Errorf("%w (%v): nothing was kept", errImportCancelled, context.Cause(ctx))
+}
+
+// added returns the blobs the import added.
+func (imp *importer) added() []digest.Digest {
+	if imp.batch == nil {
+		return nil
+	}
+	return imp.batch.Added()
 }
 
 // archiveKind tells an OCI image layout (index.json) from a docker-save
 // tar (manifest.json); one with both (docker save since 25) is read as a
 // docker-save tar, whose manifest.json names its images fully.
-func archiveKind(file string) (string, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	docker, oci := false, false
-	last := ""
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil && last != "" {
-			// Next reads past the previous entry's bytes: that is where
-			// the archive ended.
-			return "", fmt.Errorf("the archive ends inside entry %q (truncated?): %w", last, err)
-		}
-		if err != nil {
-			return "", fmt.Errorf("not a readable tar: %w", err)
-		}
-		last = hdr.Name
-		switch strings.TrimPrefix(hdr.Name, "./") {
-		case "index.json":
-			oci = true
-		case "manifest.json":
-			docker = true
-		}
-	}
-	// docker save (since Docker 25) writes both, and names the images
-	// fully only in manifest.json: read it as a docker-save tar.
+func archiveKind(x *archiveIndex) (string, error) {
+	_, docker := x.entries["manifest.json"]
+	_, oci := x.entries["index.json"]
 	if docker {
 		return "docker", nil
 	}
@@ -212,93 +237,141 @@ func archiveKind(file string) (string, error) {
 	return "", errors.New("neither an OCI image layout (no index.json) nor a docker-save tar (no manifest.json)")
 }
 
-// extractTar writes a tar's regular files and directories under dir,
-// refusing names that would land outside it and links.
-func extractTar(file, dir string) error {
-	f, err := os.Open(file)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	tr := tar.NewReader(f)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading the tar: %w", err)
-		}
-		clean := filepath.Clean(filepath.FromSlash(hdr.Name))
-		if !filepath.IsLocal(clean) {
-			return fmt.Errorf("entry %q: a name outside the archive", hdr.Name)
-		}
-		target := filepath.Join(dir, clean)
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(target, 0o755); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
-				return err
-			}
-			out, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-			if err != nil {
-				return fmt.Errorf("entry %q: %w", hdr.Name, err)
-			}
-			n, err := io.Copy(out, tr)
-			out.Close()
-			if err != nil {
-				return fmt.Errorf("entry %q: %d of its %d bytes: %w (a truncated archive?)", hdr.Name, n, hdr.Size, err)
-			}
-		default:
-			return fmt.Errorf("entry %q: links and devices have no place in an image archive", hdr.Name)
-		}
-	}
+// manifestLimit bounds a manifest or index read from an archive.
+const manifestLimit = 4 << 20
+
+// layoutPlan is what an OCI layout holds, read from its manifests before
+// any blob is: per tagged image, the blobs and manifests to store.
+type layoutPlan struct {
+	blobs     []plannedBlob
+	manifests []plannedManifest
 }
 
-// fromLayout imports every image and index index.json names with a full
-// reference.
-func (imp *importer) fromLayout(ctx context.Context, dir string) error {
-	lp, err := layout.FromPath(dir)
+type plannedBlob struct {
+	rk   repoKey
+	d    digest.Digest
+	size int64
+}
+
+type plannedManifest struct {
+	rk        repoKey
+	d         digest.Digest
+	mediaType string
+	raw       []byte
+}
+
+func blobEntryName(d digest.Digest) string {
+	return "blobs/" + string(d.Algorithm()) + "/" + d.Encoded()
+}
+
+// planLayout reads index.json and every manifest it leads to, each
+// verified by its digest, and checks every size they declare against the
+// store's bound and the archive's entries.
+func (imp *importer) planLayout(ctx context.Context, x *archiveIndex) (*layoutPlan, error) {
+	raw, err := x.readSmall(ctx, "index.json", manifestLimit)
 	if err != nil {
-		return fmt.Errorf("reading the OCI layout: %w", err)
+		return nil, err
 	}
-	idx, err := lp.ImageIndex()
-	if err != nil {
-		return fmt.Errorf("index.json: %w", err)
+	var idx ocispec.Index
+	if err := json.Unmarshal(raw, &idx); err != nil {
+		return nil, fmt.Errorf("index.json: %w", err)
 	}
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return fmt.Errorf("index.json: %w", err)
-	}
-	for _, desc := range im.Manifests {
+	plan := &layoutPlan{}
+	for _, desc := range idx.Manifests {
 		refName := desc.Annotations[ocispec.AnnotationRefName]
 		img, err := parsePin(refName)
 		if err != nil || !strings.Contains(refName, "/") {
-			return fmt.Errorf("index.json: %s is named %q, not a full reference (registry/repository:tag): "+
+			return nil, fmt.Errorf("index.json: %s is named %q, not a full reference (registry/repository:tag): "+
 				"export it with pullproxy export, or name it so", desc.Digest, refName)
 		}
-		rk := repoKey{img.upstream, img.repo}
-		if desc.MediaType.IsIndex() {
-			child, err := idx.ImageIndex(desc.Digest)
-			if err != nil {
-				return fmt.Errorf("%s: %w", refName, err)
-			}
-			if err := imp.index(ctx, rk, child); err != nil {
-				return fmt.Errorf("%s: %w", refName, err)
-			}
-		} else {
-			child, err := idx.Image(desc.Digest)
-			if err != nil {
-				return fmt.Errorf("%s: %w", refName, err)
-			}
-			if err := imp.image(ctx, rk, child); err != nil {
-				return fmt.Errorf("%s: %w", refName, err)
-			}
+		if err := imp.planManifest(ctx, x, plan, repoKey{img.upstream, img.repo}, desc, 0); err != nil {
+			return nil, fmt.Errorf("%s: %w", refName, err)
 		}
-		imp.tag(refName, img, digestOf(desc.Digest), string(desc.MediaType), desc.Size)
+		imp.tag(refName, img, desc.Digest, desc.MediaType, desc.Size)
+	}
+	return plan, nil
+}
+
+// planManifest plans the manifest or index desc, and what it references.
+func (imp *importer) planManifest(ctx context.Context, x *archiveIndex, plan *layoutPlan, rk repoKey, desc ocispec.Descriptor, depth int) error {
+	if depth > 4 {
+		return errors.New("indexes nested too deep")
+	}
+	d := desc.Digest
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("descriptor: %w", err)
+	}
+	if desc.Size > manifestLimit {
+		return fmt.Errorf("manifest %s: %d bytes declared, over the %d-byte limit", d, desc.Size, manifestLimit)
+	}
+	r, err := x.open(ctx, blobEntryName(d), desc.Size)
+	if err != nil {
+		return err
+	}
+	raw, err := io.ReadAll(r)
+	if err != nil {
+		return fmt.Errorf("entry %s: %w", blobEntryName(d), err)
+	}
+	if got := d.Algorithm().FromBytes(raw); got != d {
+		return fmt.Errorf("entry %s: its bytes hash to %s", blobEntryName(d), got)
+	}
+	var m struct {
+		MediaType string               `json:"mediaType"`
+		Config    *ocispec.Descriptor  `json:"config"`
+		Layers    []ocispec.Descriptor `json:"layers"`
+		Manifests []ocispec.Descriptor `json:"manifests"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return fmt.Errorf("manifest %s: %w", d, err)
+	}
+	mediaType := desc.MediaType
+	if mediaType == "" {
+		mediaType = m.MediaType
+	}
+	for _, child := range m.Manifests {
+		if err := imp.planManifest(ctx, x, plan, rk, child, depth+1); err != nil {
+			return fmt.Errorf("%s: %w", child.Digest, err)
+		}
+	}
+	blobs := m.Layers
+	if m.Config != nil {
+		blobs = append([]ocispec.Descriptor{*m.Config}, blobs...)
+	}
+	for _, b := range blobs {
+		if strings.Contains(b.MediaType, "nondistributable") || strings.Contains(b.MediaType, "foreign") {
+			continue
+		}
+		if err := b.Digest.Validate(); err != nil {
+			return fmt.Errorf("manifest %s: %w", d, err)
+		}
+		if err := imp.store.CheckFits(b.Digest, b.Size); err != nil {
+			return fmt.Errorf("entry %s: %w", blobEntryName(b.Digest), err)
+		}
+		if _, err := x.open(ctx, blobEntryName(b.Digest), b.Size); err != nil {
+			return err
+		}
+		plan.blobs = append(plan.blobs, plannedBlob{rk, b.Digest, b.Size})
+	}
+	plan.manifests = append(plan.manifests, plannedManifest{rk, d, mediaType, raw})
+	return nil
+}
+
+// fromLayout stores what planLayout found: blobs first, then the
+// manifests that reference them.
+func (imp *importer) fromLayout(ctx context.Context, x *archiveIndex, plan *layoutPlan) error {
+	for _, b := range plan.blobs {
+		r, err := x.open(ctx, blobEntryName(b.d), b.size)
+		if err != nil {
+			return err
+		}
+		if err := imp.blob(ctx, b.rk, b.d, b.size, r); err != nil {
+			return fmt.Errorf("entry %s: %w", blobEntryName(b.d), err)
+		}
+	}
+	for _, m := range plan.manifests {
+		if err := imp.manifest(ctx, m.rk, m.d, m.mediaType, m.raw); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -334,39 +407,6 @@ func (imp *importer) fromDockerSave(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// index imports an index and every image (or index) it lists.
-func (imp *importer) index(ctx context.Context, rk repoKey, idx v1.ImageIndex) error {
-	im, err := idx.IndexManifest()
-	if err != nil {
-		return err
-	}
-	for _, desc := range im.Manifests {
-		var err error
-		if desc.MediaType.IsIndex() {
-			var child v1.ImageIndex
-			if child, err = idx.ImageIndex(desc.Digest); err == nil {
-				err = imp.index(ctx, rk, child)
-			}
-		} else {
-			var child v1.Image
-			if child, err = idx.Image(desc.Digest); err == nil {
-				err = imp.image(ctx, rk, child)
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", desc.Digest, err)
-		}
-		imp.member(rk, digestOf(desc.Digest), desc.Size)
-	}
-	raw, err := idx.RawManifest()
-	if err != nil {
-		return err
-	}
-	mt, _ := idx.MediaType()
-	d, _ := idx.Digest()
-	return imp.manifest(ctx, rk, digestOf(d), string(mt), raw)
 }
 
 // image imports an image: its config, its layers, its manifest.
@@ -415,13 +455,12 @@ func (imp *importer) blob(ctx context.Context, rk repoKey, d digest.Digest, size
 	if imp.seenBlob[d] {
 		return nil
 	}
-	added, err := imp.store.Ingest(ctx, d, size, countingReader{r, &imp.read})
+	added, err := imp.batch.Ingest(ctx, d, size, countingReader{r, &imp.read})
 	if err != nil {
 		return err
 	}
 	imp.seenBlob[d] = true
 	if added {
-		imp.added = append(imp.added, d)
 		imp.bytes += size
 	}
 	return nil
@@ -430,11 +469,11 @@ func (imp *importer) blob(ctx context.Context, rk repoKey, d digest.Digest, size
 // manifest stores a manifest or index, verified by its digest.
 func (imp *importer) manifest(ctx context.Context, rk repoKey, d digest.Digest, mediaType string, raw []byte) error {
 	imp.member(rk, d, int64(len(raw)))
-	if _, err := imp.store.StatBlob(ctx, d); err != nil {
-		if err := imp.store.PutBlob(ctx, d, raw); err != nil {
-			return fmt.Errorf("manifest %s: %w", d, err)
-		}
-		imp.added = append(imp.added, d)
+	added, err := imp.batch.Put(ctx, d, raw)
+	if err != nil {
+		return fmt.Errorf("manifest %s: %w", d, err)
+	}
+	if added {
 		imp.bytes += int64(len(raw))
 	}
 	return imp.store.SetMediaType(ctx, d, mediaType)
@@ -455,6 +494,12 @@ func (imp *importer) tag(ref string, img pinnedImage, d digest.Digest, mediaType
 // which digests, the tags, and the tag lists, once every blob is in.
 func (imp *importer) record(ctx context.Context) error {
 	for rk, sizes := range imp.members {
+		if !imp.mayRetag(rk.upstream) {
+			if !slices.Contains(imp.kept, rk.upstream) {
+				imp.kept = append(imp.kept, rk.upstream)
+			}
+			continue
+		}
 		if err := imp.store.SetDeclaredSizes(ctx, rk.upstream, rk.repo, sizes); err != nil {
 			return err
 		}
@@ -465,8 +510,8 @@ func (imp *importer) record(ctx context.Context) error {
 	now := time.Now()
 	newTags := map[repoKey][]string{}
 	for _, t := range imp.tagged {
-		if _, err := digest.Parse(t.img.ref); err == nil {
-			continue // by digest: no tag
+		if _, err := digest.Parse(t.img.ref); err == nil || !imp.mayRetag(t.img.upstream) {
+			continue // by digest, or the upstream's own: no tag
 		}
 		rec := storage.TagRecord{Digest: t.digest, MediaType: t.mediaType, Size: t.size, CheckedAt: now}
 		if err := imp.store.PutTag(ctx, t.img.upstream, t.img.repo, t.img.ref, rec); err != nil {
@@ -490,17 +535,54 @@ func (imp *importer) record(ctx context.Context) error {
 	return nil
 }
 
+// connectionCut tells whether err is the admin endpoint's connection
+// closed before its answer: the server stopped, or the connection broke.
+func connectionCut(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// cutMessage tells the operator what an import cut off means: a server
+// takes back what an unfinished import added, at the latest when it
+// starts next.
+func cutMessage(err error) string {
+	return fmt.Sprintf("import cancelled: the admin endpoint closed the connection before the import ended (%v); "+
+		"nothing was kept (the server takes back what an unfinished import added, at the latest when it starts next)", err)
+}
+
+// report writes what the import did to w: each image, and whether its
+// tag was recorded.
+func (imp *importer) report(w io.Writer, name string) {
+	for _, t := range imp.tagged {
+		if imp.mayRetag(t.img.upstream) {
+			fmt.Fprintf(w, "imported %s %s\n", t.ref, t.digest)
+			continue
+		}
+		fmt.Fprintf(w, "imported %s %s: its blobs only; the tag stays %s's, which is online (--retag to move it)\n",
+			t.ref, t.digest, t.img.upstream)
+	}
+	fmt.Fprintf(w, "imported %s: %d images, %d blobs added, %s\n", name, len(imp.tagged), len(imp.added()), humanBytes(imp.bytes))
+}
+
 // importThroughServer sends each archive to a running server's admin
 // endpoint, and copies what it reports to out.
-func importThroughServer(ctx context.Context, server adminTarget, files []string, out io.Writer) error {
+func importThroughServer(ctx context.Context, server adminTarget, files []string, retag bool, out io.Writer) error {
 	failed := 0
 	for _, file := range files {
 		f, err := os.Open(file)
 		if err != nil {
 			return fmt.Errorf("import: %w", err)
 		}
-		resp, err := adminCall(ctx, server, http.MethodPost, "/import?name="+url.QueryEscape(file), "application/x-tar", f)
+		q := url.Values{"name": {file}}
+		if retag {
+			q.Set("retag", "1")
+		}
+		resp, err := adminCall(ctx, server, http.MethodPost, "/import?"+q.Encode(), "application/x-tar", f)
 		f.Close()
+		if connectionCut(err) {
+			fmt.Fprintf(out, "error %s: %s\n", file, cutMessage(err))
+			failed++
+			continue
+		}
 		if errors.Is(err, errAdminRefused) {
 			fmt.Fprintln(out, err)
 			failed++
@@ -512,6 +594,11 @@ func importThroughServer(ctx context.Context, server adminTarget, files []string
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		text := strings.TrimSpace(string(body))
+		if err != nil && text == "" {
+			fmt.Fprintf(out, "error %s: %s\n", file, cutMessage(err))
+			failed++
+			continue
+		}
 		if err != nil || !strings.HasSuffix(text, "done") {
 			fmt.Fprintln(out, text)
 			failed++
