@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -101,9 +102,15 @@ func listenAdminSocket(path string) (net.Listener, error) {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("%s exists and is not a socket", path)
 		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		// Only a refused connection says no process listens: a timeout
+		// may be a busy server, a permission error another user's.
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
 			c.Close()
 			return nil, errors.New("another process answers on this socket")
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%s may belong to a running process (%w); stop it, or remove the socket", path, err)
 		}
 	}
 	dir, err := os.MkdirTemp(filepath.Dir(path), ".as")
