@@ -242,17 +242,25 @@ func serveAdmin(ln net.Listener, h http.Handler, log *slog.Logger) *adminServer 
 	return a
 }
 
-// adminDrainWait bounds how long shutdown waits for admin requests to end
-// once their contexts are cancelled: an import rolls back in that time.
-const adminDrainWait = 10 * time.Second
+// adminDrainWait is the last part of the shutdown grace, kept for admin
+// requests to end once cancelled: an import rolls back in that time.
+const adminDrainWait = 5 * time.Second
 
-// shutdown lets admin requests in progress finish within ctx, then
-// cancels those left and waits for their handlers to return, so that none
-// touches the store after it closes. It is safe to call more than once.
+// shutdown lets admin requests in progress finish, then cancels those
+// left and waits for their handlers to return, so that none touches the
+// store after it closes: all by ctx's deadline, the last adminDrainWait of
+// it kept for the cancelled ones, so that the whole shutdown stays within
+// the grace that supervisors give. It is safe to call more than once.
 func (a *adminServer) shutdown(ctx context.Context) {
 	a.once.Do(func() {
-		if err := a.hs.Shutdown(ctx); err != nil {
-			a.log.Warn("admin requests still running at shutdown were cancelled", "err", err)
+		finish := ctx
+		if deadline, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			finish, cancel = context.WithDeadline(ctx, deadline.Add(-adminDrainWait))
+			defer cancel()
+		}
+		if err := a.hs.Shutdown(finish); err != nil {
+			a.log.Warn("admin requests still running at shutdown are cancelled", "err", err)
 		}
 		a.cancel()
 		a.hs.Close()
@@ -260,8 +268,8 @@ func (a *adminServer) shutdown(ctx context.Context) {
 		go func() { a.drain.close(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(adminDrainWait):
-			a.log.Warn("admin requests did not end after being cancelled; closing the store under them", "waited", adminDrainWait)
+		case <-ctx.Done():
+			a.log.Warn("admin requests did not end after being cancelled; closing the store under them")
 		}
 	})
 }

@@ -239,7 +239,9 @@ func TestAdminShutdownDrains(t *testing.T) {
 			t.Fatal("the request did not reach the handler")
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	// A tenth of a second to finish, then adminDrainWait to end once
+	// cancelled.
+	ctx, cancel := context.WithTimeout(context.Background(), adminDrainWait+100*time.Millisecond)
 	defer cancel()
 	a.shutdown(ctx)
 	if n := returned.Load(); n != 2 {
