@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -101,9 +102,15 @@ func listenAdminSocket(path string) (net.Listener, error) {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("%s exists and is not a socket", path)
 		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		// Only a refused connection says no process listens: a timeout
+		// may be a busy server, a permission error another user's.
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
 			c.Close()
 			return nil, errors.New("another process answers on this socket")
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("%s may belong to a running process (%w); stop it, or remove the socket", path, err)
 		}
 	}
 	dir, err := os.MkdirTemp(filepath.Dir(path), ".as")
@@ -235,17 +242,25 @@ func serveAdmin(ln net.Listener, h http.Handler, log *slog.Logger) *adminServer 
 	return a
 }
 
-// adminDrainWait bounds how long shutdown waits for admin requests to end
-// once their contexts are cancelled: an import rolls back in that time.
-const adminDrainWait = 10 * time.Second
+// adminDrainWait is the last part of the shutdown grace, kept for admin
+// requests to end once cancelled: an import rolls back in that time.
+const adminDrainWait = 5 * time.Second
 
-// shutdown lets admin requests in progress finish within ctx, then
-// cancels those left and waits for their handlers to return, so that none
-// touches the store after it closes. It is safe to call more than once.
+// shutdown lets admin requests in progress finish, then cancels those
+// left and waits for their handlers to return, so that none touches the
+// store after it closes: all by ctx's deadline, the last adminDrainWait of
+// it kept for the cancelled ones, so that the whole shutdown stays within
+// the grace that supervisors give. It is safe to call more than once.
 func (a *adminServer) shutdown(ctx context.Context) {
 	a.once.Do(func() {
-		if err := a.hs.Shutdown(ctx); err != nil {
-			a.log.Warn("admin requests still running at shutdown were cancelled", "err", err)
+		finish := ctx
+		if deadline, ok := ctx.Deadline(); ok {
+			var cancel context.CancelFunc
+			finish, cancel = context.WithDeadline(ctx, deadline.Add(-adminDrainWait))
+			defer cancel()
+		}
+		if err := a.hs.Shutdown(finish); err != nil {
+			a.log.Warn("admin requests still running at shutdown are cancelled", "err", err)
 		}
 		// Cancelled before their connections close, so that a cancelled
 		// import can tell its client it kept nothing, rather than the
@@ -255,8 +270,8 @@ func (a *adminServer) shutdown(ctx context.Context) {
 		go func() { a.drain.close(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(adminDrainWait):
-			a.log.Warn("admin requests did not end after being cancelled; closing the store under them", "waited", adminDrainWait)
+		case <-ctx.Done():
+			a.log.Warn("admin requests did not end after being cancelled; closing the store under them")
 		}
 		a.hs.Close()
 	})

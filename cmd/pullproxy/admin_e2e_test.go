@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -367,4 +368,106 @@ type zeroReader struct{}
 func (zeroReader) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
+}
+
+// TestAdminImportFinishesAcrossShutdown: SIGTERM arrives while an archive
+// is being uploaded to POST /import. The server lets the admin request
+// finish (within its grace) before the store closes: the client gets the
+// import's answer, not a cut connection, no upload is left behind, and the
+// next start serves the image from the store.
+func TestAdminImportFinishesAcrossShutdown(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	reg := startRegistry(t)
+	if _, err := reg.Push(ctx, registrytest.Image{Repo: "app/small", Tag: "v1", Seed: 95, LayerSizes: []int64{2 << 20}}); err != nil {
+		t.Fatal(err)
+	}
+	archive, err := os.ReadFile(cranePull(ctx, t, reg, "app/small:v1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	regHost := reg.Host()
+	data := filepath.Join(t.TempDir(), "data")
+	socket := filepath.Join(data, "admin.sock")
+	p := startProxy(t, "--data-dir", data, "--offline", "--upstream", regHost+"=http://127.0.0.1:1", "--admin-listen", "unix:"+socket)
+
+	// The upload goes in two halves, the signal between them.
+	upload, uploading := io.Pipe()
+	req, err := http.NewRequestWithContext(ctx, "POST", "http://pullproxy-admin/import?name=small.tar", upload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = int64(len(archive))
+	req.Header.Set("Content-Type", "application/x-tar")
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	answered := make(chan answer, 1)
+	client := socketClient(socket)
+	defer client.CloseIdleConnections()
+	go func() {
+		resp, err := client.Do(req)
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		answered <- answer{resp.StatusCode, string(b), err}
+	}()
+	half := len(archive) / 2
+	if _, err := uploading.Write(archive[:half]); err != nil {
+		t.Fatalf("sending the first half: %v", err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if !p.loggedWithin(`msg="shutting down"`, 20*time.Second) {
+		t.Fatal("the server did not begin shutting down on SIGTERM")
+	}
+	go func() { // ends when the transport closes the pipe, on an answer or an error
+		uploading.Write(archive[half:])
+		uploading.Close()
+	}()
+	var a answer
+	select {
+	case a = <-answered:
+	case <-time.After(time.Minute):
+		t.Fatal("no answer to the import within a minute of SIGTERM")
+	}
+	if a.err != nil || a.status != http.StatusOK || !strings.Contains(a.body, "imported "+regHost+"/app/small:v1") {
+		t.Fatalf("the import in progress at SIGTERM: %d %v, want 200 and the image imported\n%s", a.status, a.err, a.body)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- p.cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("serve after SIGTERM: %v, want exit status 0", err)
+		}
+	case <-time.After(30 * time.Second):
+		p.cmd.Process.Kill()
+		<-exited
+		t.Fatal("serve did not exit within 30 s of the import's answer")
+	}
+	if left, _ := filepath.Glob(filepath.Join(data, ".import-upload-*")); len(left) > 0 {
+		t.Errorf("the upload is left in the data dir: %v", left)
+	}
+
+	p = startProxy(t, "--data-dir", data, "--offline", "--upstream", regHost+"=http://127.0.0.1:1")
+	get, err := http.NewRequestWithContext(ctx, "GET", p.URL+"/v2/app/small/manifests/v1?ns="+regHost, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json")
+	resp, err := http.DefaultClient.Do(get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("the imported image after the restart: %s, want 200 from the store", resp.Status)
+	}
 }

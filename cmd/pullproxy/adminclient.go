@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 )
 
 // The commands that talk to a running server (seed, import, export,
@@ -91,6 +92,7 @@ func (t adminTarget) client() (*http.Client, string) {
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", t.socket)
 		},
+		ExpectContinueTimeout: time.Second, // as http.DefaultTransport's
 	}}, "http://pullproxy-admin"
 }
 
@@ -113,6 +115,8 @@ func adminCall(ctx context.Context, t adminTarget, method, pathAndQuery, content
 			return nil, err
 		}
 		req.ContentLength = fi.Size()
+		// The server says whether it takes that size before the bytes go.
+		req.Header.Set("Expect", "100-continue")
 	}
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
