@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/pullproxy/pullproxy/bench/carrier"
 	"github.com/pullproxy/pullproxy/internal/miniotest"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
@@ -211,4 +213,103 @@ func debugBucket(t *testing.T, p *proxyProcess) bucketStatus {
 		t.Fatalf("/debug/bucket: %s: %v", resp.Status, err)
 	}
 	return st
+}
+
+// TestFetchAloneWhileBucketHangs: replica A is fetching a large layer
+// from a slow upstream, holding its lease, with parts uploaded, when the
+// object store is frozen (SIGSTOP). A's client still gets the whole layer
+// (A's part uploads and lease renewals hang, its download does not), and
+// replica B, asked for the same image, fetches it alone from the upstream
+// rather than waiting on the bucket or A's lease: each within a minute.
+func TestFetchAloneWhileBucketHangs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
+	defer cancel()
+	const bucket = "pullproxy"
+	srv := miniotest.ForTest(t, bucket)
+	reg := startRegistry(t)
+	// Slow enough that A is mid-layer, parts uploaded, when MinIO stops.
+	path, err := carrier.Start(carrier.Config{Target: reg.Host(), Bandwidth: 8e6, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { path.Close() })
+	img, err := reg.Push(ctx, registrytest.Image{Repo: "team/app", Tag: "v1", Seed: 51, LayerSizes: []int64{40 << 20, 100 << 10}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := writeConfig(t, fmt.Sprintf(`
+storage:
+  type: s3
+  bucket: %s
+  endpoint: %s
+  path_style: true
+  prefix: site1
+  part_size: 5MiB
+upstreams:
+  - name: reg.test
+    endpoints:
+      - url: %s
+`, bucket, srv.Endpoint, path.URL()))
+	a, b := startReplica(t, srv, config), startReplica(t, srv, config)
+	pullThrough(t, a.URL, "team/app", registrytest.Pushed{Manifest: img.Manifest, Config: img.Config}, "v1")
+
+	layer := img.Layers[0]
+	aDone := make(chan error, 1)
+	aCtx, aCancel := context.WithCancel(ctx)
+	defer aCancel()
+	go func() {
+		aDone <- getBlobWithin(aCtx, a.URL+"/v2/team/app/blobs/"+layer.Digest.String()+"?ns=reg.test", layer.Digest)
+	}()
+	for deadline := time.Now().Add(time.Minute); ; {
+		if l, ok := leaseOf(t, srv, bucket, layer.Digest); ok && l.Holder != "" && l.parts() >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("replica A uploaded no part of the layer within a minute")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	freeze(t, srv)
+	frozen := time.Now()
+
+	bCtx, bCancel := context.WithTimeout(ctx, time.Minute)
+	err = pullWithin(bCtx, b.URL, "team/app", img, "v1")
+	bCancel()
+	if err != nil {
+		t.Fatalf("replica B, with the bucket frozen while A holds the layer's lease: %v (after %.1f s)", err, time.Since(frozen).Seconds())
+	}
+	t.Logf("with the bucket frozen, replica B pulled the image in %.2f s", time.Since(frozen).Seconds())
+	select {
+	case err := <-aDone:
+		if err != nil {
+			t.Fatalf("replica A's client, with the bucket frozen mid-layer: %v", err)
+		}
+	case <-time.After(time.Minute - time.Since(frozen)):
+		t.Fatal("replica A's client did not get the layer within a minute of the bucket freezing")
+	}
+	t.Logf("with the bucket frozen mid-layer, replica A's client had the layer %.2f s after the freeze", time.Since(frozen).Seconds())
+}
+
+// getBlobWithin GETs a blob, bound by ctx, and checks its digest.
+func getBlobWithin(ctx context.Context, url string, d digest.Digest) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", d, resp.Status)
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, resp.Body); err != nil {
+		return fmt.Errorf("GET %s: %w", d, err)
+	}
+	if got := digest.NewDigest(digest.SHA256, h); got != d {
+		return fmt.Errorf("GET %s: got %s", d, got)
+	}
+	return nil
 }

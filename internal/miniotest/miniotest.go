@@ -4,6 +4,7 @@
 package miniotest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -155,12 +156,55 @@ func (s *Server) CreateBucket(ctx context.Context, name string) error {
 
 // Freeze stops the server's process (SIGSTOP): its port still accepts
 // connections, and nothing answers on them, as a hung object store does.
-// The test's cleanup (Stop) ends a frozen server too.
+// It returns once every thread of the process is stopped: a thread
+// already running when the signal is sent (on a busy machine, for
+// milliseconds) could otherwise still answer a request. The test's
+// cleanup (Stop) ends a frozen server too.
 func (s *Server) Freeze() error {
 	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		return fmt.Errorf("freezing minio: %w", err)
 	}
-	return nil
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		stopped, err := allStopped(s.cmd.Process.Pid)
+		if err != nil {
+			return fmt.Errorf("freezing minio: %w", err)
+		}
+		if stopped {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("freezing minio: its threads were not all stopped 10 s after SIGSTOP")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allStopped reports whether every thread of process pid is stopped, as
+// /proc tells (state T).
+func allStopped(pid int) (bool, error) {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return false, err
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // a thread that exited
+		}
+		if err != nil {
+			return false, err
+		}
+		// pid (comm) state ...: comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) {
+			return false, fmt.Errorf("reading %s: no state in %q", task.Name(), stat)
+		}
+		if state := stat[i+2]; state != 'T' && state != 't' {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // Thaw resumes a server Freeze stopped (SIGCONT).

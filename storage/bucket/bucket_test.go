@@ -526,6 +526,8 @@ func TestSmallBlobUploadedWhole(t *testing.T) {
 	if src, err := fetchAndCommit(t.Context(), a, d, int64(len(blob)), up); err != nil || src != SourceUpstream {
 		t.Fatalf("first replica: %s, %v", src, err)
 	}
+	// Uploaded in the background, after the fetch returns.
+	waitFor(t, "the small blob to be uploaded", func() bool { _, err := a.b.StatBlob(t.Context(), d); return err == nil })
 	if left := bucketObjects(t, srv, bucket, "uploads/"); len(left) > 0 {
 		t.Errorf("a small blob left upload objects: %v", left)
 	}

@@ -529,8 +529,10 @@ func (b *Bucket) copyRange(ctx context.Context, dl Download, key string, base, s
 }
 
 // readStall is how long a read from the bucket may bring no byte before
-// it is abandoned (and resumed, or the upstream asked instead).
-const readStall = 30 * time.Second
+// it is abandoned: a client waits on those bytes, and a bucket next to its
+// replicas that brings none for this long hangs. The bucket is then
+// degraded, and the upstream brings the rest.
+const readStall = 5 * time.Second
 
 // watch returns a context that ends when the timer it comes with fires:
 // first after clientTimeout, for the answer's first byte (a client waits

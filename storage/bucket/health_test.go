@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -138,5 +139,80 @@ func TestBackgroundWritesBounded(t *testing.T) {
 	r.b.background("test", func(context.Context) error { ran.Add(1); return nil }, func() { dropped.Add(1) })
 	if got := testutil.ToFloat64(r.b.metrics.dropped.WithLabelValues("degraded")); got != 1 {
 		t.Errorf("degraded drops counted: %v, want 1", got)
+	}
+}
+
+// stalling is a replica's network to the bucket on which, once stall is
+// set, every answer's body stops after its first after bytes and brings
+// nothing more, as a store stopped mid-answer does.
+type stalling struct {
+	stall atomic.Bool
+	after int64
+}
+
+func (s *stalling) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err == nil && s.stall.Load() {
+		resp.Body = &stalledBody{ReadCloser: resp.Body, left: s.after, ctx: r.Context()}
+	}
+	return resp, err
+}
+
+type stalledBody struct {
+	io.ReadCloser
+	left int64
+	ctx  context.Context
+}
+
+func (b *stalledBody) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		<-b.ctx.Done()
+		return 0, b.ctx.Err()
+	}
+	n, err := b.ReadCloser.Read(p[:min(int64(len(p)), b.left)])
+	b.left -= int64(n)
+	return n, err
+}
+
+// A blob the bucket holds stops coming mid-body: the read is abandoned
+// after readStall, the bucket marked degraded, and the upstream brings
+// the rest; the bytes already read are kept.
+func TestBlobReadStallFetchesAlone(t *testing.T) {
+	srv, bucket := testMinio(t)
+	a := newReplica(t, srv, "a", Config{Bucket: bucket})
+	blob, d := randomBlob(3*minPartSize, 41)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if src, err := fetchAndCommit(ctx, a, d, int64(len(blob)), &testUpstream{blob: blob}); err != nil || src != SourceUpstream {
+		t.Fatalf("sharing the blob: %s, %v", src, err)
+	}
+	if !bytes.Equal(bucketBlob(t, a, d), blob) {
+		t.Fatal("the bucket holds other bytes than the blob's")
+	}
+
+	net := &stalling{after: 2 << 20}
+	net.stall.Store(true)
+	reg := prometheus.NewRegistry()
+	b := newReplica(t, srv, "b", Config{Bucket: bucket}, withHTTPClient(&http.Client{Transport: net}),
+		WithMetrics(reg), withProbe(time.Minute))
+	up := &testUpstream{blob: blob}
+	began := time.Now()
+	src, err := fetchAndCommit(ctx, b, d, int64(len(blob)), up)
+	if err != nil || src != SourceUpstream {
+		t.Fatalf("fetch with the bucket's answer stalled: %s, %v; want upstream, nil", src, err)
+	}
+	t.Logf("fetched with the bucket's answer stalled after %d bytes in %v, %d bytes from the upstream",
+		net.after, time.Since(began).Round(time.Millisecond), up.sent.Load())
+	if !bytes.Equal(storedBlob(t, b, d), blob) {
+		t.Fatal("stored other bytes than the blob's")
+	}
+	if got, most := up.sent.Load(), int64(len(blob))-net.after; got > most {
+		t.Errorf("%d bytes from the upstream, want at most %d: the bytes read from the bucket are kept", got, most)
+	}
+	if h := b.b.Health(); !h.Degraded || h.Transitions != 1 {
+		t.Errorf("health after a stalled read: %+v; want degraded once", h)
+	}
+	if got := testutil.ToFloat64(b.b.metrics.requests.WithLabelValues("get_blob", "timeout")); got != 1 {
+		t.Errorf("get_blob timeouts counted: %v, want 1", got)
 	}
 }

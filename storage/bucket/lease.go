@@ -252,6 +252,13 @@ func (h *holding) keep(ctx context.Context) {
 		switch {
 		case err == nil:
 			h.etag, h.state.Writes, h.sent = newEtag, l.Writes, sent
+		case errors.Is(err, ErrDegraded):
+			// Not asked: the bucket hangs (logged once, when it was
+			// marked degraded). The lease lapses; the download goes on
+			// here unshared.
+			h.loseLocked(err)
+			h.mu.Unlock()
+			return
 		case errors.Is(err, errPrecondition) || errors.Is(err, storage.ErrNotFound) || time.Since(h.sent) > ttl-ttl/3:
 			// Taken over, or not renewed in time: another replica may
 			// hold it now.
