@@ -33,19 +33,7 @@ func frozenBucketReplica(t *testing.T, ctx context.Context) (srv *miniotest.Serv
 	if lacked, err = reg.Push(ctx, registrytest.Image{Repo: "team/app", Tag: "v2", Seed: 32, LayerSizes: []int64{6 << 20, 300 << 10}}); err != nil {
 		t.Fatal(err)
 	}
-	config := writeConfig(t, fmt.Sprintf(`
-storage:
-  type: s3
-  bucket: %s
-  endpoint: %s
-  path_style: true
-  prefix: site1
-  part_size: 5MiB
-upstreams:
-  - name: reg.test
-    endpoints:
-      - url: %s
-`, bucket, srv.Endpoint, reg.URL()))
+	config := writeConfig(t, frozenBucketConfig(bucket, srv.Endpoint, reg.URL()))
 	p = startReplica(t, srv, config)
 	if err := pullWithin(ctx, p.URL, "team/app", held, "v1"); err != nil {
 		t.Fatalf("pulling the image to hold, with the bucket up: %v", err)
@@ -237,19 +225,7 @@ func TestFetchAloneWhileBucketHangs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	config := writeConfig(t, fmt.Sprintf(`
-storage:
-  type: s3
-  bucket: %s
-  endpoint: %s
-  path_style: true
-  prefix: site1
-  part_size: 5MiB
-upstreams:
-  - name: reg.test
-    endpoints:
-      - url: %s
-`, bucket, srv.Endpoint, path.URL()))
+	config := writeConfig(t, frozenBucketConfig(bucket, srv.Endpoint, path.URL()))
 	a, b := startReplica(t, srv, config), startReplica(t, srv, config)
 	pullThrough(t, a.URL, "team/app", registrytest.Pushed{Manifest: img.Manifest, Config: img.Config}, "v1")
 
@@ -312,4 +288,22 @@ func getBlobWithin(ctx context.Context, url string, d digest.Digest) error {
 		return fmt.Errorf("GET %s: got %s", d, got)
 	}
 	return nil
+}
+
+// frozenBucketConfig is the config of a replica sharing bucket at endpoint,
+// its upstream reg.test at upstreamURL.
+func frozenBucketConfig(bucket, endpoint, upstreamURL string) string {
+	return fmt.Sprintf(`
+storage:
+  type: s3
+  bucket: %s
+  endpoint: %s
+  path_style: true
+  prefix: site1
+  part_size: 5MiB
+upstreams:
+  - name: reg.test
+    endpoints:
+      - url: %s
+`, bucket, endpoint, upstreamURL)
 }

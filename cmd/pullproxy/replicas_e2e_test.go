@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -97,22 +96,7 @@ func (l bucketLease) parts() int { return strings.Count(l.Uploaded, "1") }
 
 // getBlobChecked GETs a blob and checks its digest.
 func getBlobChecked(url string, d digest.Digest) error {
-	resp, err := http.Get(url)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", d, resp.Status)
-	}
-	h := sha256.New()
-	if _, err := io.Copy(h, resp.Body); err != nil {
-		return fmt.Errorf("GET %s: %w", d, err)
-	}
-	if got := digest.NewDigest(digest.SHA256, h); got != d {
-		return fmt.Errorf("GET %s: got %s", d, got)
-	}
-	return nil
+	return getBlobWithin(context.Background(), url, d)
 }
 
 // TestReplicasShareABucket: two replicas share a MinIO bucket, their
