@@ -67,16 +67,19 @@ bench-deps:
 ## deps: install what the end-to-end tests drive (Debian and the Go module proxy; as root)
 deps: deps-tools deps-minio
 
-# The registry clients the read-API tests list and discover with, and the OCI
-# distribution-spec conformance suite, at pinned versions, into TOOLBIN.
+# The registry clients the tests pull, list and discover with (containerd's
+# CRI plugin is driven by crictl, as the kubelet drives it; podman reads what
+# node-config --crio writes), and the OCI distribution-spec conformance suite,
+# at pinned versions, into TOOLBIN.
 TOOLBIN ?= /usr/local/bin
 CONFORMANCE := github.com/opencontainers/distribution-spec/conformance@v0.0.0-20260831232431-97274622c111
 deps-tools:
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo podman
 	GOBIN=$(TOOLBIN) $(GO) install github.com/google/go-containerregistry/cmd/crane@v0.22.1
 	GOBIN=$(TOOLBIN) $(GO) install oras.land/oras/cmd/oras@v1.3.6
 	GOBIN=$(TOOLBIN) $(GO) install github.com/regclient/regclient/cmd/regctl@v0.11.7
+	GOBIN=$(TOOLBIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@v1.37.0
 	tmp=$$(mktemp -d) && GOBIN=$$tmp $(GO) install $(CONFORMANCE) && mv $$tmp/conformance $(TOOLBIN)/oci-conformance && rmdir $$tmp
 
 # MinIO, the S3-compatible server the replica tests share a bucket on. It
