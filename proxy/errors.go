@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -21,9 +22,12 @@ import (
 
 // ociError is an error as the distribution spec shapes it for clients.
 type ociError struct {
-	status     int
-	code       string
-	message    string
+	status  int
+	code    string
+	message string
+	// cause is the failure in one line, sent as the reason phrase of the
+	// status line (see writeError); "" sends message there.
+	cause      string
 	retryAfter time.Duration // sent as Retry-After when positive
 }
 
@@ -100,8 +104,32 @@ func toOCI(err error, kind string) *ociError {
 	return e
 }
 
-// writeError sends err to the client as OCI error JSON.
-func writeError(w http.ResponseWriter, r *http.Request, e *ociError) {
+// writeError sends e to the client as OCI error JSON, with its cause in
+// the status line.
+func (s *Server) writeError(w http.ResponseWriter, r *http.Request, e *ociError) {
+	body := errorHeader(w, e)
+	if reason := reasonPhrase(cmp.Or(e.cause, e.message)); reason != "" && s.writeWithReason(w, r, e.status, reason, body) {
+		return
+	}
+	w.WriteHeader(e.status)
+	if r.Method != http.MethodHead {
+		w.Write(body)
+	}
+}
+
+// writeErrorJSON sends e as OCI error JSON under the standard status line:
+// for errors in the request itself (a range, a precondition), which its
+// status names.
+func writeErrorJSON(w http.ResponseWriter, r *http.Request, e *ociError) {
+	body := errorHeader(w, e)
+	w.WriteHeader(e.status)
+	if r.Method != http.MethodHead {
+		w.Write(body)
+	}
+}
+
+// errorHeader sets the header of an error response and returns its body.
+func errorHeader(w http.ResponseWriter, e *ociError) []byte {
 	body, _ := json.Marshal(map[string]any{
 		"errors": []map[string]string{{"code": e.code, "message": e.message}},
 	})
@@ -116,10 +144,7 @@ func writeError(w http.ResponseWriter, r *http.Request, e *ociError) {
 	if e.retryAfter > 0 {
 		h.Set("Retry-After", strconv.FormatInt(int64((e.retryAfter+time.Second-1)/time.Second), 10))
 	}
-	w.WriteHeader(e.status)
-	if r.Method != http.MethodHead {
-		w.Write(body)
-	}
+	return body
 }
 
 // corruptFix is the fix for err when it says that d's bytes from the

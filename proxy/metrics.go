@@ -153,15 +153,19 @@ type responseRecorder struct {
 	written int64
 	source  string // for blobs: "cache" or "download"
 	flushed bool   // the header has been sent
-	whole   bool   // a stored blob was sent whole (see sendStored)
+	// headerSent: WriteHeader or Write was called, so an error can no
+	// longer be written on the hijacked connection (see writeWithReason).
+	headerSent bool
+	whole      bool // a stored blob was sent whole (see sendStored)
 }
 
 func (w *responseRecorder) WriteHeader(status int) {
-	w.status = status
+	w.status, w.headerSent = status, true
 	w.ResponseWriter.WriteHeader(status)
 }
 
 func (w *responseRecorder) Write(b []byte) (int, error) {
+	w.headerSent = true
 	n, err := w.ResponseWriter.Write(b)
 	w.written += int64(n)
 	return n, err

@@ -102,7 +102,7 @@ func etagListMatches(list, etag string, weak bool) bool {
 // when one decides it. It reports whether it answered.
 func preconditions(w http.ResponseWriter, r *http.Request, etag string) bool {
 	if im := r.Header.Get("If-Match"); im != "" && !etagListMatches(im, etag, false) {
-		writeError(w, r, &ociError{status: http.StatusPreconditionFailed, code: "UNKNOWN",
+		writeErrorJSON(w, r, &ociError{status: http.StatusPreconditionFailed, code: "UNKNOWN",
 			message: "If-Match: the blob's entity tag is " + etag})
 		return true
 	}
@@ -136,7 +136,7 @@ func writeRangeHead(w http.ResponseWriter, r *http.Request, start, end, size int
 	switch kind {
 	case rangeUnsatisfiable:
 		h.Set("Content-Range", "bytes */"+strconv.FormatInt(size, 10))
-		writeError(w, r, &ociError{status: http.StatusRequestedRangeNotSatisfiable, code: "BLOB_UNKNOWN",
+		writeErrorJSON(w, r, &ociError{status: http.StatusRequestedRangeNotSatisfiable, code: "BLOB_UNKNOWN",
 			message: fmt.Sprintf("range %q is outside the blob's %d bytes", r.Header.Get("Range"), size)})
 		return false
 	case rangePart:

@@ -516,7 +516,7 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
-		writeError(w, r, &ociError{status: http.StatusMethodNotAllowed, code: "UNSUPPORTED",
+		writeErrorJSON(w, r, &ociError{status: http.StatusMethodNotAllowed, code: "UNSUPPORTED",
 			message: "pullproxy is a read-only mirror: " + r.Method + " is not supported"})
 		return rw
 	}
@@ -541,11 +541,11 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 			s.log.Warn("refused request for an unconfigured upstream", "path", r.URL.Path,
 				"ns", ns, "fix", "add the registry to upstreams if it should be mirrored")
 		}
-		writeError(w, r, oe)
+		s.writeError(w, r, oe)
 		return rw
 	}
 	if !s.pullAllowed(rt, r.RemoteAddr) && r.Context().Value(trustedKey{}) == nil {
-		writeError(w, r, clientDenied(rt, r.RemoteAddr))
+		s.writeError(w, r, clientDenied(rt, r.RemoteAddr))
 		return rw
 	}
 	kind = rt.kind
@@ -657,16 +657,18 @@ func methodLabel(m string) string {
 
 // fail reports err to the client, and to the operator with the likely fix.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, rt route, err error) {
-	oe := toOCI(err, rt.kind)
+	withCause := *toOCI(err, rt.kind)
+	oe := &withCause
+	if c := causeOf(err, rt); c != "" {
+		oe.cause = c
+	}
 	fix := hint(err)
 	if f := corruptFix(err, digest.Digest(rt.ref)); f != "" && rt.kind == kindBlob {
 		fix = f
 		// The upstream's refusal to fetch the blob again (ErrInvalid)
 		// names the fix already.
 		if !errors.Is(err, upstream.ErrInvalid) {
-			withFix := *oe
-			withFix.message += ": " + f
-			oe = &withFix
+			oe.message += ": " + f
 		}
 	}
 	if r.Context().Err() == nil {
@@ -680,5 +682,5 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, rt route, err erro
 		}
 		s.log.Log(r.Context(), level, rt.kind+" request failed", attrs...)
 	}
-	writeError(w, r, oe)
+	s.writeError(w, r, oe)
 }

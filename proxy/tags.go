@@ -27,7 +27,7 @@ func (s *Server) serveTags(w http.ResponseWriter, r *http.Request, rt route) {
 	if v := q.Get("n"); v != "" {
 		var err error
 		if n, err = strconv.Atoi(v); err != nil || n < 0 {
-			writeError(w, r, &ociError{status: http.StatusBadRequest, code: "PAGINATION_NUMBER_INVALID",
+			s.writeError(w, r, &ociError{status: http.StatusBadRequest, code: "PAGINATION_NUMBER_INVALID",
 				message: fmt.Sprintf("n=%q: want a number of tags", v)})
 			return
 		}
@@ -144,14 +144,14 @@ func (s *Server) serveCatalog(w http.ResponseWriter, r *http.Request) {
 	if v := q.Get("n"); v != "" {
 		var err error
 		if n, err = strconv.Atoi(v); err != nil || n < 0 {
-			writeError(w, r, &ociError{status: http.StatusBadRequest, code: "PAGINATION_NUMBER_INVALID",
+			s.writeError(w, r, &ociError{status: http.StatusBadRequest, code: "PAGINATION_NUMBER_INVALID",
 				message: fmt.Sprintf("n=%q: want a number of repositories", v)})
 			return
 		}
 	}
 	all, err := s.tags.Repositories(r.Context())
 	if err != nil {
-		writeError(w, r, toOCI(err, "catalog"))
+		s.writeError(w, r, toOCI(err, "catalog"))
 		return
 	}
 	last := q.Get("last")
