@@ -5,11 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"mime"
 	"net/http"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -40,12 +37,11 @@ const upstreamTimeout = 2 * time.Minute
 // serveManifest answers HEAD and GET of a manifest by tag or digest.
 func (s *Server) serveManifest(w http.ResponseWriter, r *http.Request, rt route) {
 	ctx := r.Context()
-	accept := parseAccept(r.Header.Values("Accept"))
 	var desc upstream.Descriptor
 	byDigest := false
 	if d, err := digest.Parse(rt.ref); err == nil {
 		desc.Digest, byDigest = d, true
-	} else if desc, err = s.resolveTag(ctx, rt, accept); err != nil {
+	} else if desc, err = s.resolveTag(ctx, rt); err != nil {
 		s.fail(w, r, rt, err)
 		return
 	}
@@ -79,21 +75,21 @@ func (s *Server) serveManifest(w http.ResponseWriter, r *http.Request, rt route)
 // younger than the tag TTL, else revalidated upstream with a HEAD. When the
 // upstream cannot answer, the cached answer is served stale: during an outage
 // an old digest beats a failed pull.
-func (s *Server) resolveTag(ctx context.Context, rt route, accept []string) (upstream.Descriptor, error) {
+//
+// The upstream is always asked with every manifest type pullproxy serves,
+// whatever the client's Accept lists, and the manifest stored is what every
+// client gets, as a registry hands out what it stores. Asked on behalf of a
+// client that accepts only OCI types, some registries (distribution 2.x)
+// convert a Docker image's manifest to schema 1, which no client should get.
+func (s *Server) resolveTag(ctx context.Context, rt route) (upstream.Descriptor, error) {
 	name := rt.up.Name()
 	rec, err := s.tags.Tag(ctx, name, rt.repo, rt.ref)
-	cached := err == nil && acceptable(rec.MediaType, accept)
+	cached := err == nil
 	if err != nil && !errors.Is(err, storage.ErrNotFound) {
 		s.log.Warn("reading tag cache", "err", err)
 	}
 	if cached && (time.Since(rec.CheckedAt) < s.tagTTL || isOffline(rt.up)) {
 		return recDescriptor(rec), nil
-	}
-	if !acceptsAll(accept) && !cached {
-		// A client that accepts only some manifest types may get a different
-		// answer than the one cached for everybody: ask on its behalf, and
-		// cache the content by digest but not the tag.
-		return s.lookupTag(ctx, rt, accept)
 	}
 	key := "tag " + name + "/" + rt.repo + ":" + rt.ref
 	if err, ok := s.notFound.get(key); ok {
@@ -306,37 +302,6 @@ func (s *Server) shared(ctx context.Context, key string, fn func(context.Context
 
 func recDescriptor(rec storage.TagRecord) upstream.Descriptor {
 	return upstream.Descriptor{Digest: rec.Digest, MediaType: rec.MediaType, Size: rec.Size}
-}
-
-// parseAccept flattens Accept headers into media types, dropping parameters.
-func parseAccept(values []string) []string {
-	var out []string
-	for _, v := range values {
-		for _, part := range strings.Split(v, ",") {
-			if mt, _, err := mime.ParseMediaType(strings.TrimSpace(part)); err == nil {
-				out = append(out, mt)
-			}
-		}
-	}
-	return out
-}
-
-// acceptsAll reports whether a client takes any manifest type: it sent no
-// Accept, */*, or every type we know.
-func acceptsAll(accept []string) bool {
-	if len(accept) == 0 || slices.Contains(accept, "*/*") {
-		return true
-	}
-	for _, mt := range allManifestTypes {
-		if !slices.Contains(accept, mt) {
-			return false
-		}
-	}
-	return true
-}
-
-func acceptable(mediaType string, accept []string) bool {
-	return len(accept) == 0 || slices.Contains(accept, "*/*") || slices.Contains(accept, mediaType)
 }
 
 // sniffMediaType reads a manifest's media type from its content, for
