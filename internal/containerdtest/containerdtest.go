@@ -4,7 +4,8 @@
 //
 // The daemon is the one installed on the machine (containerd and ctr on
 // PATH, run as root). It gets its own root, state directory, config and gRPC
-// socket, and only the plugins needed to store content are enabled.
+// socket, and only the plugins needed to store content are enabled (Start)
+// or those and the CRI plugin (StartCRI).
 // Registry traffic is driven by ctr itself: `ctr content fetch` resolves and
 // downloads the image in the ctr process (that is where hosts.toml is read)
 // and writes the blobs into the daemon's content store.
@@ -25,6 +26,11 @@
 //   - Unix socket paths are limited to 107 bytes, and containerd also
 //     listens on "<socket>.ttrpc"; Start moves the socket to a short
 //     temporary directory when dir is too long.
+//   - A host that refuses the connection or answers 404 is skipped for the
+//     next one (the mirrors in order, then `server`); any other error
+//     status fails the resolve with the status line as sent, which is what
+//     `crictl pull` prints: "pulling from host 127.0.0.1:PORT failed with
+//     status code [manifests v1]: 503 Service Unavailable".
 package containerdtest
 
 import (
