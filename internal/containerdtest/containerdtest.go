@@ -26,11 +26,13 @@
 //   - Unix socket paths are limited to 107 bytes, and containerd also
 //     listens on "<socket>.ttrpc"; Start moves the socket to a short
 //     temporary directory when dir is too long.
-//   - A host that refuses the connection or answers 404 is skipped for the
-//     next one (the mirrors in order, then `server`); any other error
-//     status fails the resolve with the status line as sent, which is what
-//     `crictl pull` prints: "pulling from host 127.0.0.1:PORT failed with
-//     status code [manifests v1]: 503 Service Unavailable".
+//   - Resolving, a host that refuses the connection or answers an error
+//     status is skipped for the next (the mirrors in order, then `server`
+//     unless it lacks the resolve capability). When none answers, the
+//     first error status is reported with its status line as sent, which
+//     is what `crictl pull` prints: "pulling from host 127.0.0.1:PORT
+//     failed with status code [manifests v1]: 503 Service Unavailable";
+//     when every host said 404, "<ref>: not found".
 package containerdtest
 
 import (
