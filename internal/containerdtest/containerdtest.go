@@ -4,10 +4,15 @@
 //
 // The daemon is the one installed on the machine (containerd and ctr on
 // PATH, run as root). It gets its own root, state directory, config and gRPC
-// socket, and only the plugins needed to store content are enabled.
+// socket, and only the plugins needed to store content are enabled (Start)
+// or those and the CRI plugin (StartCRI).
 // Registry traffic is driven by ctr itself: `ctr content fetch` resolves and
 // downloads the image in the ctr process (that is where hosts.toml is read)
 // and writes the blobs into the daemon's content store.
+//
+// StartCRI runs the daemon as a Kubernetes node's containerd instead: the
+// CRI plugin is enabled with a registry config_path, and crictl, speaking
+// CRI as the kubelet does, asks the daemon itself to pull (and unpack).
 //
 // Behaviour of containerd/ctr 1.6 worth knowing:
 //
@@ -21,17 +26,26 @@
 //   - Unix socket paths are limited to 107 bytes, and containerd also
 //     listens on "<socket>.ttrpc"; Start moves the socket to a short
 //     temporary directory when dir is too long.
+//   - Resolving, a host that refuses the connection or answers an error
+//     status is skipped for the next (the mirrors in order, then `server`
+//     unless it lacks the resolve capability). When none answers, the
+//     first error status is reported with its status line as sent, which
+//     is what `crictl pull` prints: "pulling from host 127.0.0.1:PORT
+//     failed with status code [manifests v1]: 503 Service Unavailable";
+//     when every host said 404, "<ref>: not found".
 package containerdtest
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,20 +66,15 @@ const stopGrace = 5 * time.Second
 // containerd appends ".ttrpc" for its second socket.
 const maxSocketPath = 100
 
-// disabledPlugins are plugins that are not needed to fetch content and that
-// are slow, noisy, need privileges or write outside the daemon's root in a
-// sandbox. Names of plugins absent from a given containerd build are ignored.
+// disabledPlugins are plugins that neither mode needs and that are slow,
+// noisy, need privileges or write outside the daemon's root in a sandbox.
+// Names of plugins absent from a given containerd build are ignored.
 var disabledPlugins = []string{
-	"io.containerd.grpc.v1.cri",
 	"io.containerd.internal.v1.opt", // creates /opt/containerd
 	"io.containerd.internal.v1.restart",
 	"io.containerd.internal.v1.tracing",
 	"io.containerd.tracing.processor.v1.otlp",
 	"io.containerd.monitor.v1.cgroups",
-	"io.containerd.runtime.v1.linux",
-	"io.containerd.runtime.v2.task",
-	"io.containerd.service.v1.tasks-service",
-	"io.containerd.grpc.v1.tasks",
 	"io.containerd.snapshotter.v1.aufs",
 	"io.containerd.snapshotter.v1.blockfile",
 	"io.containerd.snapshotter.v1.btrfs",
@@ -73,6 +82,18 @@ var disabledPlugins = []string{
 	"io.containerd.snapshotter.v1.overlayfs",
 	"io.containerd.snapshotter.v1.zfs",
 	"io.containerd.nri.v1.nri",
+}
+
+// criPlugins are the CRI plugin and what it refuses to load without: it
+// asks for the tasks service, which needs a v1 and a v2 runtime. They keep
+// their root and state under the daemon's, and start no shim until a
+// container runs. Start disables them; StartCRI keeps them.
+var criPlugins = []string{
+	"io.containerd.grpc.v1.cri",
+	"io.containerd.runtime.v1.linux",
+	"io.containerd.runtime.v2.task",
+	"io.containerd.service.v1.tasks-service",
+	"io.containerd.grpc.v1.tasks",
 }
 
 // Available reports whether containerd and ctr are on PATH and the process
@@ -89,6 +110,19 @@ func Available() (ok bool, reason string) {
 	return true, ""
 }
 
+// CRIAvailable reports whether StartCRI and the crictl helpers can run:
+// what Available checks, and crictl on PATH. If not, reason says why in
+// one line.
+func CRIAvailable() (ok bool, reason string) {
+	if ok, reason := Available(); !ok {
+		return false, reason
+	}
+	if _, err := exec.LookPath("crictl"); err != nil {
+		return false, "crictl not found on PATH"
+	}
+	return true, ""
+}
+
 // Daemon is a containerd process with its own root, state, config and gRPC
 // socket under a directory. Create it with Start and release it with Stop.
 type Daemon struct {
@@ -96,6 +130,13 @@ type Daemon struct {
 	socket  string
 	sockDir string // short temporary directory holding socket, removed by Stop
 	logPath string
+
+	// criHostsDir is the CRI plugin's registry config_path, set by
+	// StartCRI; "" when the CRI plugin is disabled.
+	criHostsDir string
+	// crictlConfig is the crictl.yaml naming the daemon's socket as both
+	// endpoints, written by StartCRI.
+	crictlConfig string
 
 	cmd     *exec.Cmd
 	exited  chan struct{} // closed once cmd.Wait has returned
@@ -113,6 +154,56 @@ type Daemon struct {
 // The daemon outlives ctx; call Stop to terminate it. It is also killed if
 // the calling process dies (Linux).
 func Start(ctx context.Context, dir string) (*Daemon, error) {
+	d, err := newDaemon(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.start(ctx); err != nil {
+		_ = d.Stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+// StartCRI is Start with containerd's CRI plugin enabled, as on a
+// Kubernetes node: the kubelet's image pulls arrive over CRI, and the CRI
+// plugin resolves registries through the hosts.toml files under hostsDir
+// (its registry config_path; read at each pull, so it may be filled after
+// the start, e.g. by WriteHostsDir when hostsDir is dir/hosts). Images are
+// unpacked with the native snapshotter, in the CRI's namespace "k8s.io",
+// not Namespace. It waits until the CRI image service answers, and writes
+// dir/crictl.yaml for the crictl helpers. Nothing is written outside dir:
+// the CNI directories are dir/cni/bin and dir/cni/net.d (left empty, so the
+// plugin logs that pod networking is not ready; pulls do not need it).
+func StartCRI(ctx context.Context, dir, hostsDir string) (*Daemon, error) {
+	if hostsDir == "" {
+		return nil, errors.New("containerdtest: StartCRI needs a hosts directory")
+	}
+	hostsDir, err := filepath.Abs(hostsDir)
+	if err != nil {
+		return nil, fmt.Errorf("containerdtest: resolving hosts dir: %w", err)
+	}
+	d, err := newDaemon(dir)
+	if err != nil {
+		return nil, err
+	}
+	d.criHostsDir = hostsDir
+	d.crictlConfig = filepath.Join(d.dir, "crictl.yaml")
+	endpoint := "unix://" + d.socket
+	crictlYAML := fmt.Sprintf("runtime-endpoint: %q\nimage-endpoint: %q\ntimeout: 10\n", endpoint, endpoint)
+	if err := os.WriteFile(d.crictlConfig, []byte(crictlYAML), 0o644); err != nil {
+		_ = d.Stop()
+		return nil, fmt.Errorf("containerdtest: writing crictl config: %w", err)
+	}
+	if err := d.start(ctx); err != nil {
+		_ = d.Stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+// newDaemon checks dir and chooses the daemon's paths; it starts nothing.
+func newDaemon(dir string) (*Daemon, error) {
 	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("containerdtest: resolving daemon dir: %w", err)
@@ -139,11 +230,6 @@ func Start(ctx context.Context, dir string) (*Daemon, error) {
 			_ = os.RemoveAll(d.sockDir)
 			return nil, fmt.Errorf("containerdtest: socket path %s too long even in TMPDIR", d.socket)
 		}
-	}
-
-	if err := d.start(ctx); err != nil {
-		_ = d.Stop()
-		return nil, err
 	}
 	return d, nil
 }
@@ -181,14 +267,18 @@ func (d *Daemon) start(ctx context.Context) error {
 }
 
 // config returns containerd's configuration: everything under d.dir (or
-// the short socket directory), no CRI, no runtimes, only the native
-// snapshotter, and no debug or metrics listeners.
+// the short socket directory), only the native snapshotter, no debug or
+// metrics listeners, and no CRI or runtimes unless StartCRI asked for them.
 func (d *Daemon) config() string {
-	quoted := make([]string, len(disabledPlugins))
-	for i, p := range disabledPlugins {
+	disabled := disabledPlugins
+	if d.criHostsDir == "" {
+		disabled = append(slices.Clone(disabledPlugins), criPlugins...)
+	}
+	quoted := make([]string, len(disabled))
+	for i, p := range disabled {
 		quoted[i] = fmt.Sprintf("%q", p)
 	}
-	return fmt.Sprintf(`version = 2
+	config := fmt.Sprintf(`version = 2
 root = %q
 state = %q
 disabled_plugins = [%s]
@@ -204,10 +294,27 @@ disabled_plugins = [%s]
   address = ""
 `, filepath.Join(d.dir, "root"), filepath.Join(d.dir, "state"),
 		strings.Join(quoted, ", "), d.socket)
+	if d.criHostsDir == "" {
+		return config
+	}
+	// The stream server (exec, attach) listens on a free loopback port.
+	return config + fmt.Sprintf(`
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = %q
+    conf_dir = %q
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %q
+`, filepath.Join(d.dir, "cni", "bin"), filepath.Join(d.dir, "cni", "net.d"), d.criHostsDir)
 }
 
 // waitReady polls until the gRPC socket accepts connections and `ctr
-// version` succeeds, the daemon exits, or ctx ends.
+// version` succeeds (and, with CRI, `crictl images`: the CRI plugin refuses
+// calls until it has initialised), the daemon exits, or ctx ends.
 func (d *Daemon) waitReady(ctx context.Context) error {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -219,6 +326,9 @@ func (d *Daemon) waitReady(ctx context.Context) error {
 			conn.Close()
 			attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, err = d.Ctr(attempt, "version")
+			if err == nil && d.criHostsDir != "" {
+				_, err = d.Crictl(attempt, "images", "--quiet")
+			}
 			cancel()
 			if err == nil {
 				return nil
@@ -372,6 +482,63 @@ func (d *Daemon) Ctr(ctx context.Context, args ...string) ([]byte, error) {
 			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
 		}
 		return out, fmt.Errorf("containerdtest: ctr %s: %w%s", strings.Join(args, " "), err, quoteTail("output", out))
+	}
+	return out, nil
+}
+
+// CrictlPull runs `crictl pull ref` against a daemon from StartCRI, the
+// kubelet's way of pulling, and returns crictl's combined output: on
+// failure it holds the error a node would see. When ctx has a deadline,
+// crictl is given it as --pull-timeout, so that containerd cancels the pull
+// itself rather than only losing its client.
+func (d *Daemon) CrictlPull(ctx context.Context, ref string) (output []byte, err error) {
+	args := []string{"pull"}
+	if deadline, ok := ctx.Deadline(); ok {
+		if left := time.Until(deadline).Truncate(time.Second); left > 0 { // 0s would mean no limit
+			args = append(args, "--pull-timeout", left.String())
+		}
+	}
+	return d.Crictl(ctx, append(args, ref)...)
+}
+
+// CRIImage is what the CRI image service reports about an image.
+type CRIImage struct {
+	ID          string   `json:"id"` // the config's digest
+	RepoTags    []string `json:"repoTags"`
+	RepoDigests []string `json:"repoDigests"` // "name@digest" of the manifest (or index) pulled
+}
+
+// CrictlImage returns the CRI's view of image ref, from `crictl inspecti`,
+// on a daemon from StartCRI.
+func (d *Daemon) CrictlImage(ctx context.Context, ref string) (CRIImage, error) {
+	out, err := d.Crictl(ctx, "inspecti", "--output", "json", ref)
+	if err != nil {
+		return CRIImage{}, err
+	}
+	var inspected struct {
+		Status CRIImage `json:"status"`
+	}
+	if err := json.Unmarshal(out, &inspected); err != nil {
+		return CRIImage{}, fmt.Errorf("containerdtest: decoding crictl inspecti %s: %w%s", ref, err, quoteTail("output", out))
+	}
+	return inspected.Status, nil
+}
+
+// Crictl runs crictl with the given arguments against a daemon from
+// StartCRI, through its own crictl.yaml, and returns crictl's combined
+// output. On failure the error quotes the tail of the output.
+func (d *Daemon) Crictl(ctx context.Context, args ...string) ([]byte, error) {
+	if d.crictlConfig == "" {
+		return nil, errors.New("containerdtest: crictl needs a daemon from StartCRI")
+	}
+	cmd := exec.CommandContext(ctx, "crictl", append([]string{"--config", d.crictlConfig}, args...)...)
+	cmd.WaitDelay = time.Second
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+		return out, fmt.Errorf("containerdtest: crictl %s: %w%s", strings.Join(args, " "), err, quoteTail("output", out))
 	}
 	return out, nil
 }

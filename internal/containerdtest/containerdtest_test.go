@@ -235,3 +235,114 @@ func put(ctx context.Context, t *testing.T, method, url, contentType string, bod
 		t.Fatalf("%s %s: status %d, want %d: %s", method, url, resp.StatusCode, wantStatus, msg)
 	}
 }
+
+// requireCRITools is requireTools for the CRI mode, which also needs crictl.
+func requireCRITools(t *testing.T) {
+	t.Helper()
+	if ok, reason := CRIAvailable(); !ok {
+		if os.Getenv("PULLPROXY_REQUIRE_TOOLS") == "1" {
+			t.Fatalf("containerd's CRI unavailable and PULLPROXY_REQUIRE_TOOLS=1: %s", reason)
+		}
+		t.Skip(reason)
+	}
+}
+
+func TestCrictlPullThroughPlainHTTPMirror(t *testing.T) {
+	requireCRITools(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	reqs := &requestLog{}
+	reg := httptest.NewServer(reqs.wrap(registry.New(registry.Logger(log.New(io.Discard, "", 0)))))
+	t.Cleanup(reg.Close)
+
+	// The CRI plugin unpacks what it pulls: the layers must be real tarballs.
+	img, err := random.Image(1024, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushImage(ctx, t, reg.URL, "test/app", "v1", img)
+	manifestDigest, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	configDigest, err := img.ConfigName()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	start := time.Now()
+	d, err := StartCRI(ctx, dir, dir+"/hosts")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
+	t.Logf("containerd with CRI ready in %v (socket %s)", time.Since(start), d.Address())
+
+	const host = "registry.invalid:5000"
+	hostsDir, err := d.WriteHostsDir(host, reg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hostsDir != dir+"/hosts" {
+		t.Fatalf("WriteHostsDir wrote %s, want the CRI's config_path %s", hostsDir, dir+"/hosts")
+	}
+
+	ref := host + "/test/app:v1"
+	out, err := d.CrictlPull(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("crictl pull output:\n%s", out)
+
+	got, err := d.CrictlImage(ctx, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.ID != configDigest.String() {
+		t.Errorf("image ID %s, want the config digest %s", got.ID, configDigest)
+	}
+	if want := host + "/test/app@" + manifestDigest.String(); !slices.Contains(got.RepoDigests, want) {
+		t.Errorf("repo digests %v, want %s among them", got.RepoDigests, want)
+	}
+	if !slices.Contains(got.RepoTags, ref) {
+		t.Errorf("repo tags %v, want %s among them", got.RepoTags, ref)
+	}
+
+	// Every request reached the mirror and named the upstream registry.
+	seen := reqs.all()
+	var mirrored int
+	for _, r := range seen {
+		if strings.Contains(r, "ns=registry.invalid%3A5000") {
+			mirrored++
+		}
+	}
+	if mirrored == 0 {
+		t.Errorf("no mirror request carried ns=registry.invalid%%3A5000; requests: %v", seen)
+	}
+	t.Logf("registry requests:\n%s", strings.Join(seen, "\n"))
+}
+
+// TestCrictlNeedsCRIDaemon: the crictl helpers refuse a daemon without CRI
+// rather than talking to whatever crictl would find by default.
+func TestCrictlNeedsCRIDaemon(t *testing.T) {
+	requireTools(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := Start(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Stop() })
+	if out, err := d.CrictlPull(ctx, "registry.invalid/test/app:v1"); err == nil {
+		t.Fatalf("CrictlPull on a daemon without CRI succeeded:\n%s", out)
+	}
+	if _, err := StartCRI(ctx, t.TempDir(), ""); err == nil {
+		t.Fatal("StartCRI without a hosts directory succeeded")
+	}
+}
