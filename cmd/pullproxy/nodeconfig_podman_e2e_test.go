@@ -20,9 +20,9 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
-// manifestClients counts a registry's manifest requests by client: podman
-// itself (containers/image names itself in User-Agent) or anyone else, here
-// pullproxy.
+// manifestClients counts a registry's manifest requests by client, told
+// apart by User-Agent: "podman" (containers/image), "containerd", or anyone
+// else, here "pullproxy".
 type manifestClients struct {
 	next http.Handler
 	mu   sync.Mutex
@@ -32,8 +32,11 @@ type manifestClients struct {
 func (m *manifestClients) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.Contains(r.URL.Path, "/manifests/") {
 		client := "pullproxy"
-		if strings.Contains(r.UserAgent(), "containers/") {
+		switch ua := r.UserAgent(); {
+		case strings.Contains(ua, "containers/"):
 			client = "podman"
+		case strings.HasPrefix(ua, "containerd/"):
+			client = "containerd"
 		}
 		m.mu.Lock()
 		m.n[client]++
