@@ -59,9 +59,11 @@ func parsePath(path string) (name, kind, ref string, ok bool) {
 
 // resolve picks the upstream for a request, in this order: containerd's ns
 // query parameter; a first path component naming a configured upstream
-// (CRI-O's mirror location "mirror:5000/docker.io"); the default upstream
-// (Docker's registry-mirrors). A request naming no configured upstream is
-// refused: pullproxy is not an open proxy.
+// (CRI-O's mirror location "mirror:5000/docker.io", or
+// "mirror:5000/registry.internal_5000" for registry.internal:5000, see
+// prefixUpstream); the default upstream (Docker's registry-mirrors). A
+// request naming no configured upstream is refused: pullproxy is not an
+// open proxy.
 // ns is the request's ns query parameter.
 func (s *Server) resolve(method, urlPath, ns string) (route, error) {
 	name, kind, ref, ok := parsePath(urlPath)
@@ -75,8 +77,8 @@ func (s *Server) resolve(method, urlPath, ns string) (route, error) {
 			return route{}, &ociError{status: http.StatusNotFound, code: "NAME_UNKNOWN",
 				message: fmt.Sprintf("pullproxy does not mirror %s: no upstream of that name is configured", ns)}
 		}
-	} else if first, rest, found := strings.Cut(name, "/"); found && s.upstreams[upstream.CanonicalName(first)] != nil {
-		up, name = s.upstreams[upstream.CanonicalName(first)], rest
+	} else if named, rest := s.prefixUpstream(name); named != nil {
+		up, name = named, rest
 	} else if s.defaultUpstream != nil {
 		up = s.defaultUpstream
 	} else {
@@ -105,6 +107,37 @@ func (s *Server) resolve(method, urlPath, ns string) (route, error) {
 			message: fmt.Sprintf("invalid tag %q", ref)}
 	}
 	return route{up: up, repo: name, kind: kind, ref: ref}, nil
+}
+
+// prefixUpstream returns the configured upstream that name's first path
+// component names, and the rest of name; nil if it names none. A registry
+// with a port is named HOST_PORT there (the last "_" followed only by
+// digits stands for ":"): a colon is not valid in a repository path, and
+// podman refuses a mirror location with one, while an underscore is not
+// valid in a host name, so the two forms cannot meet. It runs on every
+// request without ns: the HOST_PORT form costs an allocation only when the
+// component ends in "_" and digits.
+func (s *Server) prefixUpstream(name string) (Upstream, string) {
+	first, rest, found := strings.Cut(name, "/")
+	if !found {
+		return nil, ""
+	}
+	if up := s.upstreams[upstream.CanonicalName(first)]; up != nil {
+		return up, rest
+	}
+	i := strings.LastIndexByte(first, '_')
+	if i <= 0 || i == len(first)-1 {
+		return nil, ""
+	}
+	for j := i + 1; j < len(first); j++ {
+		if first[j] < '0' || first[j] > '9' {
+			return nil, ""
+		}
+	}
+	if up := s.upstreams[upstream.CanonicalName(first[:i]+":"+first[i+1:])]; up != nil {
+		return up, rest
+	}
+	return nil, ""
 }
 
 // isSHA256 reports whether ref is a sha256 digest in canonical form, which

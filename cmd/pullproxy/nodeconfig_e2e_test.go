@@ -70,3 +70,61 @@ func TestNodeConfigContainerdPulls(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeConfigContainerdPlainHTTP: for a plain-HTTP registry given as
+// http://HOST:PORT, containerd with node-config's hosts.toml reports an
+// image the mirror and the registry lack as not found (not as an HTTPS
+// client talking to an HTTP server), and falls back to the registry itself
+// once pullproxy is stopped.
+func TestNodeConfigContainerdPlainHTTP(t *testing.T) {
+	ok, reason := containerdtest.Available()
+	requireTool(t, ok, reason)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	seen := &manifestClients{next: registry.New(registry.Logger(log.New(io.Discard, "", 0))), n: map[string]int{}}
+	upstreamSrv := httptest.NewServer(seen)
+	defer upstreamSrv.Close()
+	_, img := pushIndex(t, upstreamSrv.URL, "e2e/app:v1")
+	seen.take()
+	plain := strings.TrimPrefix(upstreamSrv.URL, "http://") // 127.0.0.1:PORT
+	p := startProxy(t, "--data-dir", t.TempDir(), "--upstream", plain+"="+upstreamSrv.URL)
+
+	dir := t.TempDir()
+	if out, err := exec.CommandContext(ctx, pullproxyBin, "node-config", "--mirror", p.URL,
+		"--registry", "http://"+plain, "--dir", dir).CombinedOutput(); err != nil {
+		t.Fatalf("node-config: %v\n%s", err, out)
+	}
+	d, err := containerdtest.Start(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Stop() })
+
+	out, err := d.ContentFetch(ctx, dir, plain+"/e2e/missing:v1")
+	if err == nil {
+		t.Fatalf("containerd fetched an image no one has:\n%s", out)
+	}
+	if msg := err.Error(); !strings.Contains(msg, "e2e/missing:v1: not found") || strings.Contains(msg, "HTTP response to HTTPS client") {
+		t.Errorf("containerd on a missing image: %v, want not found", err)
+	}
+	if got := seen.take(); got["pullproxy"] == 0 || got["containerd"] == 0 {
+		t.Errorf("missing image: manifest requests %v, want the mirror's and then the fallback's", got)
+	}
+
+	p.stop()
+	if out, err := d.ContentFetch(ctx, dir, plain+"/e2e/app:v1"); err != nil {
+		t.Fatalf("mirror stopped: containerd did not fall back to %s: %v\n%s", plain, err, out)
+	}
+	have, err := d.ContentDigests(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range imageDigests(t, img) {
+		if !slices.Contains(have, w) {
+			t.Errorf("mirror stopped: containerd lacks %s", w)
+		}
+	}
+	if got := seen.take(); got["containerd"] == 0 || got["pullproxy"] != 0 {
+		t.Errorf("mirror stopped: manifest requests %v, want containerd's own only", got)
+	}
+}
