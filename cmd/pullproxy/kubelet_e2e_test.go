@@ -106,8 +106,24 @@ func TestKubeletPathErrorsNameTheCause(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 
-	reg := startRegistry(t)
+	// The registry refuses one layer to pullproxy, as one that lacks it or
+	// will not give it to pullproxy's credentials.
+	refuser := &blobRefuser{status: http.StatusForbidden}
+	reg := startRegistry(t, registrytest.WithHandlerWrapper(func(next http.Handler) http.Handler {
+		refuser.next = next
+		return refuser
+	}))
 	reachable := reg.Host()
+	refused := pushTarImage(ctx, t, reachable+"/kubelet/refused:v1", 1<<20, 1)
+	layers, err := refused.Layers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer, err := layers[0].Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	refuser.blob.Store(layer.String())
 	unreachable := closedAddr(t) // a registry whose port refuses connections
 	proxy := startProxy(t, "--data-dir", filepath.Join(t.TempDir(), "data"),
 		"--upstream", reachable+"="+reg.URL(), "--upstream", unreachable+"=http://"+unreachable)
@@ -122,8 +138,12 @@ func TestKubeletPathErrorsNameTheCause(t *testing.T) {
 		name, ref string
 		want      string // in crictl's output
 	}{
-		{"upstream unreachable", unreachable + "/kubelet/app:v1", "connection refused"},
-		{"image missing", reachable + "/kubelet/missing:v1", "not found"},
+		// containerd resolves with HEAD: the status line is all it has.
+		{"upstream unreachable", unreachable + "/kubelet/app:v1",
+			"failed with status code [manifests v1]: 503 upstream " + unreachable + " unreachable: connection refused"},
+		{"image missing", reachable + "/kubelet/missing:v1", "kubelet/missing:v1: not found"},
+		{"layer refused upstream", reachable + "/kubelet/refused:v1",
+			"403 upstream " + reachable + " denied pullproxy access to kubelet/refused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pullCtx, cancel := context.WithTimeout(ctx, time.Minute)
