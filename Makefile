@@ -69,13 +69,14 @@ deps: deps-tools deps-minio
 
 # The registry clients the tests pull, list and discover with (containerd's
 # CRI plugin is driven by crictl, as the kubelet drives it; podman reads what
-# node-config --crio writes), and the OCI distribution-spec conformance suite,
-# at pinned versions, into TOOLBIN.
+# node-config --crio writes), Debian's docker-registry (distribution 2.8, an
+# upstream many sites still run), and the OCI distribution-spec conformance
+# suite, at pinned versions, into TOOLBIN.
 TOOLBIN ?= /usr/local/bin
 CONFORMANCE := github.com/opencontainers/distribution-spec/conformance@v0.0.0-20260831232431-97274622c111
 deps-tools:
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo podman
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo podman docker-registry
 	GOBIN=$(TOOLBIN) $(GO) install github.com/google/go-containerregistry/cmd/crane@v0.22.1
 	GOBIN=$(TOOLBIN) $(GO) install oras.land/oras/cmd/oras@v1.3.6
 	GOBIN=$(TOOLBIN) $(GO) install github.com/regclient/regclient/cmd/regctl@v0.11.7

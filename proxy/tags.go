@@ -95,6 +95,12 @@ func (s *Server) tagPage(ctx context.Context, rt route, n int, last string) (sto
 			return nil, err
 		}
 		rec := storage.TagListRecord{Tags: page.Tags, Next: page.Next.Encode(), CheckedAt: time.Now()}
+		if last != "" && slices.Contains(rec.Tags, last) {
+			// The upstream ignored last: a page after last never holds
+			// last itself. Distribution 2.8 ignores n and last, and sends
+			// its tags unsorted: cut the page as asked, in lexical order.
+			rec = pageOf(storage.TagListRecord{Tags: slices.Sorted(slices.Values(rec.Tags)), CheckedAt: rec.CheckedAt}, n, last)
+		}
 		if err := s.tags.PutTagList(ctx, name, rt.repo, key, rec); err != nil {
 			s.log.Warn("caching a tag list", "upstream", name, "repo", rt.repo, "err", err)
 		}

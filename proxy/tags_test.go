@@ -129,3 +129,34 @@ func TestPageOf(t *testing.T) {
 		}
 	}
 }
+
+// unpagedTags answers every tag list with the whole list, unsorted, as
+// distribution 2.8 does whatever n and last ask.
+type unpagedTags struct{ tags []string }
+
+func (u unpagedTags) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(tagList{Name: "test/app", Tags: u.tags})
+}
+
+// TestTagListOfAnUpstreamIgnoringLast: the page after last is cut by
+// pullproxy, in lexical order, when the upstream sends the whole list.
+func TestTagListOfAnUpstreamIgnoringLast(t *testing.T) {
+	t.Parallel()
+	e := newEnvRegistry(t, unpagedTags{tags: []string{"v1", "latest", "sha256-ab", "multi"}})
+	for _, tc := range []struct {
+		query string
+		want  []string
+		link  bool
+	}{
+		{"", []string{"v1", "latest", "sha256-ab", "multi"}, false}, // as the upstream sent it
+		{"&last=multi", []string{"sha256-ab", "v1"}, false},
+		{"&last=latest&n=2", []string{"multi", "sha256-ab"}, true},
+	} {
+		resp, l := e.tags("/v2/test/app/tags/list?ns=" + upstreamName + tc.query)
+		if resp.StatusCode != http.StatusOK || strings.Join(l.Tags, ",") != strings.Join(tc.want, ",") ||
+			(resp.Header.Get("Link") != "") != tc.link {
+			t.Errorf("%q: %s %v, Link %q; want %v", tc.query, resp.Status, l.Tags, resp.Header.Get("Link"), tc.want)
+		}
+	}
+}

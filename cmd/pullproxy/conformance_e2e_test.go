@@ -134,7 +134,8 @@ func nsRelay(t *testing.T, proxyURL, upstream string) string {
 
 // TestConformance runs the OCI distribution-spec conformance suite, pull
 // and content discovery (OCI_API_PUSH=false), against pullproxy in front of
-// a real registry: distribution's (no referrers API) and
+// a real registry: distribution's (no referrers API), Debian's distribution
+// 2.8 (which converts to schema 1 for a client accepting only OCI types) and
 // go-containerregistry's (with it), the upstream named by the first path
 // component and by ns, each cold (an empty store) and then warm.
 func TestConformance(t *testing.T) {
@@ -145,6 +146,9 @@ func TestConformance(t *testing.T) {
 	}{
 		{"distribution", distributionUpstream},
 		{"referrers-api", referrersUpstream},
+		// Asked with only the OCI types, it converts the Docker image
+		// to schema 1: pullproxy must ask it with every type.
+		{"distribution-2.8", debianRegistryUpstream},
 	} {
 		for _, routing := range []string{"prefix", "ns"} {
 			t.Run(up.name+"/"+routing, func(t *testing.T) {
