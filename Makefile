@@ -77,6 +77,8 @@ CONFORMANCE := github.com/opencontainers/distribution-spec/conformance@v0.0.0-20
 deps-tools:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo podman docker-registry
+	@# The tests start their own docker-registry; the package's service is not wanted.
+	-systemctl disable --now docker-registry >/dev/null 2>&1
 	GOBIN=$(TOOLBIN) $(GO) install github.com/google/go-containerregistry/cmd/crane@v0.22.1
 	GOBIN=$(TOOLBIN) $(GO) install oras.land/oras/cmd/oras@v1.3.6
 	GOBIN=$(TOOLBIN) $(GO) install github.com/regclient/regclient/cmd/regctl@v0.11.7
