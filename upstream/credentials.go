@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -115,6 +114,3 @@ func canonicalHost(key string) string {
 	}
 	return CanonicalName(host)
 }
-
-// errNoCredentials: a Basic challenge with nothing to answer it.
-var errNoCredentials = errors.New("no basic auth credentials")

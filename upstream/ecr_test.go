@@ -57,7 +57,6 @@ type ecrEnv struct {
 	metrics *Metrics
 	logs    *bytes.Buffer
 	digests []digest.Digest // the image's layers
-	image   string          // the image's tag
 }
 
 func newECREnv(t *testing.T, lifetime time.Duration) *ecrEnv {

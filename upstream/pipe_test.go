@@ -496,7 +496,7 @@ func TestPipeRetriesAStepSoonWhileRamping(t *testing.T) {
 				if p.limit != 32 {
 					t.Fatalf("after the step brought nothing: limit %d (%q), want 32", p.limit, why)
 				}
-				if got := p.holdUntil.Sub(time.Now()); got != tt.wantHold {
+				if got := time.Until(p.holdUntil); got != tt.wantHold {
 					t.Errorf("hold: got %v, want %v", got, tt.wantHold)
 				}
 			})
