@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
@@ -119,14 +118,12 @@ func nsRelay(t *testing.T, proxyURL, upstream string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rp := httputil.NewSingleHostReverseProxy(target)
-	director := rp.Director
-	rp.Director = func(r *http.Request) {
-		director(r)
-		q := r.URL.Query()
+	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) {
+		pr.SetURL(target)
+		q := pr.Out.URL.Query()
 		q.Set("ns", upstream)
-		r.URL.RawQuery = q.Encode()
-	}
+		pr.Out.URL.RawQuery = q.Encode()
+	}}
 	srv := httptest.NewServer(rp)
 	t.Cleanup(srv.Close)
 	return srv.URL
