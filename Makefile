@@ -14,7 +14,12 @@ build:
 run: build
 	./bin/pullproxy serve --listen 127.0.0.1:5000 --data-dir ./data
 
-## test: vet, then every test with the race detector, then each fuzz test briefly
+# The modules: pullproxy, and deploy/, whose tests read the deployment files
+# with kustomize, Kubernetes' API types and Prometheus's PromQL parser, none
+# of which pullproxy itself needs.
+MODULES := . deploy
+
+## test: vet, then every test with the race detector (deploy/'s, which only read files, without), then each fuzz test briefly
 # One package at a time: the end-to-end tests hold pullproxy to byte counts
 # (at most 1.02x the image upstream through a carrier that stalls sessions),
 # and another package's tests starving them of CPU make chunks look silent,
@@ -24,10 +29,11 @@ run: build
 # cmd/pullproxy's tests are most of it.
 test: vet
 	$(GO) test -race -count=1 -p 1 -timeout 15m ./...
+	cd deploy && $(GO) test -count=1 ./...
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
 vet:
-	$(GO) vet ./...
+	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
 
 ## fuzz: each fuzz test for FUZZTIME, from its corpus under testdata/fuzz
 # A count of executions, not a duration: with a duration, Go 1.26's fuzzing

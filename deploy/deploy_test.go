@@ -2,6 +2,10 @@
 // read each file as the tool that consumes it would, with no cluster and no
 // network, so that a file which no longer fits pullproxy fails here rather
 // than at a site.
+//
+// It is a module of its own: what its tests read the files with (kustomize,
+// Kubernetes' API types, Prometheus's PromQL parser) is no dependency of
+// pullproxy's; `make test` runs these tests too.
 package deploy
 
 import (
