@@ -2,7 +2,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 
-.PHONY: all build run test vet fuzz deps deps-tools deps-minio bench bench-deps bench-pull bench-serve bench-cpu clean
+.PHONY: all build run test vet lint fuzz deps deps-tools deps-minio bench bench-deps bench-pull bench-serve bench-cpu clean
 
 all: build
 
@@ -34,6 +34,13 @@ test: vet
 
 vet:
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
+
+## lint: staticcheck each module, and fail if `go mod tidy` would change its go.mod or go.sum
+lint:
+	@set -e; for m in $(MODULES); do \
+		echo "lint: $$m"; \
+		(cd $$m && staticcheck ./... && $(GO) mod tidy -diff); \
+	done
 
 ## fuzz: each fuzz test for FUZZTIME, from its corpus under testdata/fuzz
 # A count of executions, not a duration: with a duration, Go 1.26's fuzzing
@@ -77,9 +84,10 @@ deps: deps-tools deps-minio
 # CRI plugin is driven by crictl, as the kubelet drives it; podman reads what
 # node-config --crio writes), Debian's docker-registry (distribution 2.8, an
 # upstream many sites still run), and the OCI distribution-spec conformance
-# suite, at pinned versions, into TOOLBIN.
+# suite, at pinned versions, into TOOLBIN; and staticcheck, which lint runs.
 TOOLBIN ?= /usr/local/bin
 CONFORMANCE := github.com/opencontainers/distribution-spec/conformance@v0.0.0-20260831232431-97274622c111
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 deps-tools:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo podman docker-registry
@@ -90,6 +98,7 @@ deps-tools:
 	GOBIN=$(TOOLBIN) $(GO) install github.com/regclient/regclient/cmd/regctl@v0.11.7
 	GOBIN=$(TOOLBIN) $(GO) install sigs.k8s.io/cri-tools/cmd/crictl@v1.37.0
 	tmp=$$(mktemp -d) && GOBIN=$$tmp $(GO) install $(CONFORMANCE) && mv $$tmp/conformance $(TOOLBIN)/oci-conformance && rmdir $$tmp
+	GOBIN=$(TOOLBIN) $(GO) install $(STATICCHECK)
 
 # MinIO, the S3-compatible server the replica tests share a bucket on. It
 # takes minutes to build, so a binary already installed is kept.
