@@ -36,38 +36,24 @@ const upstreamTimeout = 2 * time.Minute
 
 // serveManifest answers HEAD and GET of a manifest by tag or digest.
 func (s *Server) serveManifest(w http.ResponseWriter, r *http.Request, rt route) {
-	ctx := r.Context()
-	var desc upstream.Descriptor
-	byDigest := false
-	if d, err := digest.Parse(rt.ref); err == nil {
-		desc.Digest, byDigest = d, true
-	} else if desc, err = s.resolveTag(ctx, rt); err != nil {
-		s.fail(w, r, rt, err)
-		return
-	}
-	// A tag of rt's repository names a digest of it; a digest asked for
-	// by itself may be stored from another repository.
-	body, mediaType, source, err := s.manifestContent(ctx, rt, desc.Digest, byDigest)
+	m, source, err := s.manifest(r.Context(), rt)
 	if err != nil {
 		s.fail(w, r, rt, err)
 		return
 	}
 	setSource(w, source)
-	if desc.MediaType != "" {
-		mediaType = desc.MediaType
-	}
 	h := w.Header()
-	etag := `"` + desc.Digest.String() + `"`
-	h.Set("Docker-Content-Digest", desc.Digest.String())
+	etag := `"` + m.Digest.String() + `"`
+	h.Set("Docker-Content-Digest", m.Digest.String())
 	h.Set("Etag", etag)
 	if preconditions(w, r, etag) {
 		return
 	}
-	h.Set("Content-Type", mediaType)
-	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Content-Type", m.MediaType)
+	h.Set("Content-Length", strconv.Itoa(len(m.Body)))
 	w.WriteHeader(http.StatusOK)
 	if r.Method != http.MethodHead {
-		w.Write(body)
+		w.Write(m.Body)
 	}
 }
 

@@ -85,6 +85,12 @@ func (s *Server) resolve(method, urlPath, ns string) (route, error) {
 		return route{}, &ociError{status: http.StatusNotFound, code: "NAME_UNKNOWN",
 			message: fmt.Sprintf("%s names no configured upstream and no default upstream is set", name)}
 	}
+	return routeTo(up, name, kind, ref)
+}
+
+// routeTo is the route to ref (of kind) in repository name of up, once
+// checked: the name normalized and valid, ref a valid tag or digest.
+func routeTo(up Upstream, name, kind, ref string) (route, error) {
 	name = upstream.NormalizeRepository(up.Name(), name)
 	if !plainName(name) {
 		if _, err := reference.WithName(name); err != nil {

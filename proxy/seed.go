@@ -4,11 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 
 	"github.com/opencontainers/go-digest"
@@ -16,10 +13,10 @@ import (
 	"golang.org/x/sync/errgroup"
 )
 
-// Seeding fills the store before it is needed: an image is fetched as a
-// client pulling it through the mirror would fetch it, through the same
-// requests, downloads and checks, so that what a seed stores is exactly
-// what a pull would have.
+// Seeding fills the store before it is needed: an image is fetched
+// through the mirror core, as a client pulling it would have it fetched,
+// through the same downloads and checks, so that what a seed stores is
+// exactly what a pull would have.
 
 // SeedOptions says what of an image to seed.
 type SeedOptions struct {
@@ -44,48 +41,43 @@ type SeedProgress struct {
 // containerd does by default.
 const seedBlobs = 3
 
-// trustedKey marks a request made by pullproxy itself (a seed): the
-// per-upstream allow_clients lists are for remote clients.
-type trustedKey struct{}
-
 // Seed fetches upstream/repo:ref (a tag or digest) into the store: its
 // manifest or index, the chosen platforms' manifests, their configs and
 // layers, and with opts.Referrers what refers to them. It returns the
 // digest ref resolved to.
 func (s *Server) Seed(ctx context.Context, upstreamName, repo, ref string, opts SeedOptions) (digest.Digest, error) {
-	ctx = context.WithValue(ctx, trustedKey{}, true)
-	body, d, err := s.seedGet(ctx, upstreamName, repo, "manifests/"+ref, nil)
+	top, err := s.Manifest(ctx, upstreamName, repo, ref)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("seeding %s/%s:%s: %w", upstreamName, repo, ref, err)
 	}
-	manifests := []seedManifest{{d, body}}
+	manifests := []Manifest{top}
 	var index struct {
 		Manifests []ocispec.Descriptor `json:"manifests"`
 	}
-	if json.Unmarshal(body, &index) == nil && len(index.Manifests) > 0 {
+	if json.Unmarshal(top.Body, &index) == nil && len(index.Manifests) > 0 {
 		for _, m := range index.Manifests {
 			if !platformWanted(m.Platform, opts.Platforms) {
 				continue
 			}
-			b, md, err := s.seedGet(ctx, upstreamName, repo, "manifests/"+m.Digest.String(), nil)
+			child, err := s.Manifest(ctx, upstreamName, repo, m.Digest.String())
 			if err != nil {
-				return d, err
+				return top.Digest, fmt.Errorf("seeding %s/%s@%s: %w", upstreamName, repo, m.Digest, err)
 			}
-			manifests = append(manifests, seedManifest{md, b})
+			manifests = append(manifests, child)
 		}
 	}
 	if opts.Referrers {
 		for _, m := range manifests {
-			refs, err := s.seedReferrers(ctx, upstreamName, repo, m.digest)
+			refs, err := s.seedReferrers(ctx, upstreamName, repo, m.Digest)
 			if err != nil {
-				return d, err
+				return top.Digest, err
 			}
 			manifests = append(manifests, refs...)
 		}
 	}
 	var blobs []ocispec.Descriptor
 	for _, m := range manifests {
-		blobs = append(blobs, blobsOf(m.body)...)
+		blobs = append(blobs, blobsOf(m.Body)...)
 	}
 	slices.SortFunc(blobs, func(a, b ocispec.Descriptor) int { return strings.Compare(string(a.Digest), string(b.Digest)) })
 	blobs = slices.CompactFunc(blobs, func(a, b ocispec.Descriptor) bool { return a.Digest == b.Digest })
@@ -97,104 +89,40 @@ func (s *Server) Seed(ctx context.Context, upstreamName, repo, ref string, opts 
 		progress.BlobsTotal.Add(1)
 		progress.BytesTotal.Add(b.Size)
 	}
+	landed := func(n int64) { progress.BytesDone.Add(n) }
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(seedBlobs)
 	for _, b := range blobs {
 		g.Go(func() error {
-			_, _, err := s.seedGet(gctx, upstreamName, repo, "blobs/"+b.Digest.String(), &progress.BytesDone)
-			if err == nil {
-				progress.BlobsDone.Add(1)
+			// A blob stored already lands all at once.
+			var got int64
+			size, err := s.EnsureBlob(gctx, upstreamName, repo, b.Digest, func(n int64) { got += n; landed(n) })
+			if err != nil {
+				return fmt.Errorf("seeding %s/%s blob %s: %w", upstreamName, repo, b.Digest, err)
 			}
-			return err
+			landed(size - got)
+			progress.BlobsDone.Add(1)
+			return nil
 		})
 	}
-	return d, g.Wait()
-}
-
-type seedManifest struct {
-	digest digest.Digest
-	body   []byte
+	return top.Digest, g.Wait()
 }
 
 // seedReferrers seeds the manifests that refer to subject, and returns them.
-func (s *Server) seedReferrers(ctx context.Context, upstreamName, repo string, subject digest.Digest) ([]seedManifest, error) {
-	body, _, err := s.seedGet(ctx, upstreamName, repo, "referrers/"+subject.String(), nil)
+func (s *Server) seedReferrers(ctx context.Context, upstreamName, repo string, subject digest.Digest) ([]Manifest, error) {
+	refs, err := s.Referrers(ctx, upstreamName, repo, subject)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("seeding the referrers of %s/%s@%s: %w", upstreamName, repo, subject, err)
 	}
-	var index struct {
-		Manifests []ocispec.Descriptor `json:"manifests"`
-	}
-	if err := json.Unmarshal(body, &index); err != nil {
-		return nil, fmt.Errorf("the referrers of %s: %w", subject, err)
-	}
-	var out []seedManifest
-	for _, m := range index.Manifests {
-		b, d, err := s.seedGet(ctx, upstreamName, repo, "manifests/"+m.Digest.String(), nil)
+	var out []Manifest
+	for _, r := range refs {
+		m, err := s.Manifest(ctx, upstreamName, repo, r.Digest.String())
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("seeding %s/%s@%s, a referrer of %s: %w", upstreamName, repo, r.Digest, subject, err)
 		}
-		out = append(out, seedManifest{d, b})
+		out = append(out, m)
 	}
 	return out, nil
-}
-
-// seedGet answers GET /v2/<repo>/<what> as the mirror answers a client,
-// and returns the body (kept for manifests and indexes; blobs are counted
-// into bytes and dropped) and the answer's digest.
-func (s *Server) seedGet(ctx context.Context, upstreamName, repo, what string, bytes *atomic.Int64) ([]byte, digest.Digest, error) {
-	u := &url.URL{Path: "/v2/" + repo + "/" + what, RawQuery: url.Values{"ns": {upstreamName}}.Encode()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return nil, "", err
-	}
-	req.RemoteAddr = "pullproxy-seed"
-	req.Header["Accept"] = append(slices.Clone(allManifestTypes), ocispec.MediaTypeImageIndex)
-	w := &seedWriter{header: http.Header{}, keep: bytes == nil, count: bytes}
-	s.handleRegistry(w, req)
-	if w.status != http.StatusOK {
-		var oe struct {
-			Errors []struct{ Code, Message string } `json:"errors"`
-		}
-		msg := strings.TrimSpace(string(w.body))
-		if json.Unmarshal(w.body, &oe) == nil && len(oe.Errors) > 0 {
-			msg = oe.Errors[0].Code + ": " + oe.Errors[0].Message
-		}
-		return nil, "", fmt.Errorf("seeding %s/%s %s: %d %s", upstreamName, repo, what, w.status, msg)
-	}
-	d, _ := digest.Parse(w.header.Get("Docker-Content-Digest"))
-	return w.body, d, nil
-}
-
-// seedWriter is the response writer of a seed's request.
-type seedWriter struct {
-	header http.Header
-	status int
-	keep   bool // keep the body (manifests), else count it
-	body   []byte
-	count  *atomic.Int64
-	mu     sync.Mutex
-}
-
-func (w *seedWriter) Header() http.Header { return w.header }
-func (w *seedWriter) WriteHeader(status int) {
-	if w.status == 0 {
-		w.status = status
-	}
-}
-
-func (w *seedWriter) Write(b []byte) (int, error) {
-	if w.status == 0 {
-		w.status = http.StatusOK
-	}
-	if w.keep || w.status != http.StatusOK {
-		w.mu.Lock()
-		w.body = append(w.body, b...)
-		w.mu.Unlock()
-	} else if w.count != nil {
-		w.count.Add(int64(len(b)))
-	}
-	return len(b), nil
 }
 
 // blobsOf lists the blobs a manifest names: its config and layers. An

@@ -544,7 +544,7 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 		s.writeError(w, r, oe)
 		return rw
 	}
-	if !s.pullAllowed(rt, r.RemoteAddr) && r.Context().Value(trustedKey{}) == nil {
+	if !s.pullAllowed(rt, r.RemoteAddr) {
 		s.writeError(w, r, clientDenied(rt, r.RemoteAddr))
 		return rw
 	}

@@ -1,0 +1,191 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
+)
+
+// The mirror core: what the mirror holds and fetches, as Go calls. The
+// HTTP handlers answer clients with it, and what runs inside the process
+// (seed, export, sync) calls it directly: the same downloads, checks and
+// store as a client's pull, without HTTP in between.
+//
+// Each call names content as a client's request does: a configured
+// upstream, a repository there, and a tag or digest. Unlike a client's
+// request, a call is not subject to allow_clients.
+
+// Manifest is a manifest or an index as the mirror serves it.
+type Manifest struct {
+	Digest    digest.Digest
+	MediaType string
+	Body      []byte
+}
+
+// ResolveTag returns what tag of repo at upstreamName points to: from the
+// store while younger than the tag TTL, else asked of the upstream (and
+// the stored answer when the upstream cannot give one).
+func (s *Server) ResolveTag(ctx context.Context, upstreamName, repo, tag string) (upstream.Descriptor, error) {
+	rt, err := s.routeFor(upstreamName, repo, kindManifest, tag)
+	if err != nil {
+		return upstream.Descriptor{}, err
+	}
+	return s.resolveTag(ctx, rt)
+}
+
+// Manifest returns the manifest or index that ref (a tag or a digest)
+// names in repo at upstreamName: from the store, or fetched, checked and
+// stored.
+func (s *Server) Manifest(ctx context.Context, upstreamName, repo, ref string) (Manifest, error) {
+	rt, err := s.routeFor(upstreamName, repo, kindManifest, ref)
+	if err != nil {
+		return Manifest{}, err
+	}
+	m, _, err := s.manifest(ctx, rt)
+	return m, err
+}
+
+// Referrers returns the descriptors of the manifests that refer to subject
+// in repo at upstreamName (signatures, SBOMs).
+func (s *Server) Referrers(ctx context.Context, upstreamName, repo string, subject digest.Digest) ([]ocispec.Descriptor, error) {
+	rt, err := s.routeFor(upstreamName, repo, kindReferrers, subject.String())
+	if err != nil {
+		return nil, err
+	}
+	rec, _, err := s.referrers(ctx, rt, subject)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ocispec.Descriptor, 0, len(rec.Manifests))
+	for _, raw := range rec.Manifests {
+		var desc ocispec.Descriptor
+		if err := json.Unmarshal(raw, &desc); err != nil {
+			return nil, fmt.Errorf("the referrers of %s in %s/%s: %w", subject, upstreamName, repo, err)
+		}
+		out = append(out, desc)
+	}
+	return out, nil
+}
+
+// EnsureBlob makes sure blob d of repo at upstreamName is stored, and
+// returns its size: at once when it is, else by joining its download, or
+// starting one, and waiting until it is verified and committed. landed,
+// when not nil, is told of the bytes as they land.
+func (s *Server) EnsureBlob(ctx context.Context, upstreamName, repo string, d digest.Digest, landed func(n int64)) (int64, error) {
+	rt, err := s.routeFor(upstreamName, repo, kindBlob, d.String())
+	if err != nil {
+		return 0, err
+	}
+	// A download that verified is committing while its waiters wake: the
+	// next look finds it stored, or its join says so (errStored).
+	for range 4 {
+		size, err := s.blobs.StatBlob(ctx, d)
+		if err == nil {
+			return size, s.inRepository(ctx, rt, kindBlob, d)
+		}
+		if !errors.Is(err, storage.ErrNotFound) {
+			return 0, err
+		}
+		if o, ok := rt.up.(offlineUpstream); ok {
+			return 0, o.miss(rt.repo, "blob "+d.String())
+		}
+		p, own, err := s.downloads.join(ctx, rt, d)
+		if errors.Is(err, errStored) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if err := waitLanded(ctx, p, landed); err != nil {
+			return 0, err
+		}
+		if own {
+			s.addMember(ctx, rt, d)
+		}
+	}
+	return 0, fmt.Errorf("blob %s: committed but not found in the store", d)
+}
+
+// waitLanded waits until every byte of the download p has landed and the
+// whole verified (the last bytes are held back until it does).
+func waitLanded(ctx context.Context, p inflight, landed func(n int64)) error {
+	if _, err := p.WaitStarted(ctx); err != nil {
+		return err
+	}
+	for off := int64(0); ; {
+		n, err := p.WaitAvailable(ctx, off)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		off += n
+		if landed != nil {
+			landed(n)
+		}
+	}
+}
+
+// OpenBlob opens blob d of repo at upstreamName, stored, for reading, and
+// returns its size; the caller closes it. It is storage.ErrNotFound when
+// the store lacks it: EnsureBlob stores it.
+func (s *Server) OpenBlob(ctx context.Context, upstreamName, repo string, d digest.Digest) (*os.File, int64, error) {
+	rt, err := s.routeFor(upstreamName, repo, kindBlob, d.String())
+	if err != nil {
+		return nil, 0, err
+	}
+	f, size, err := s.blobs.OpenBlob(ctx, d)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := s.inRepository(ctx, rt, kindBlob, d); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	s.accesses.note(d)
+	return f, size, nil
+}
+
+// routeFor is the route to ref (of kind) in repo at upstreamName, for a
+// call from the process.
+func (s *Server) routeFor(upstreamName, repo, kind, ref string) (route, error) {
+	up := s.upstreams[upstream.CanonicalName(upstreamName)]
+	if up == nil {
+		return route{}, &ociError{status: http.StatusNotFound, code: "NAME_UNKNOWN",
+			message: fmt.Sprintf("pullproxy does not mirror %s: no upstream of that name is configured", upstreamName)}
+	}
+	return routeTo(up, repo, kind, ref)
+}
+
+// manifest returns rt's manifest, and whether it came from the store or
+// the upstream (sourceCache, sourceUpstream).
+func (s *Server) manifest(ctx context.Context, rt route) (Manifest, string, error) {
+	var desc upstream.Descriptor
+	byDigest := false
+	if d, err := digest.Parse(rt.ref); err == nil {
+		desc.Digest, byDigest = d, true
+	} else if desc, err = s.resolveTag(ctx, rt); err != nil {
+		return Manifest{}, "", err
+	}
+	// A tag of rt's repository names a digest of it; a digest asked for
+	// by itself may be stored from another repository.
+	body, mediaType, source, err := s.manifestContent(ctx, rt, desc.Digest, byDigest)
+	if err != nil {
+		return Manifest{}, "", err
+	}
+	if desc.MediaType != "" {
+		mediaType = desc.MediaType
+	}
+	return Manifest{Digest: desc.Digest, MediaType: mediaType, Body: body}, source, nil
+}
