@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/pullproxy/pullproxy/upstream/plan"
 )
 
 // pipe holds the chunk connections to one endpoint: how many may be in
@@ -606,11 +607,10 @@ func (p *pipe) free() int {
 func (p *pipe) chunkTarget(now time.Time) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.connRate == 0 || now.Sub(p.lastAt) > staleRate || !p.shortLocked() {
-		return minChunkTarget
+	if now.Sub(p.lastAt) > staleRate || !p.shortLocked() {
+		return plan.Target(0)
 	}
-	n := int64(p.connRate*chunkPace.Seconds()) &^ (64<<10 - 1)
-	return min(max(n, minChunkTarget), maxChunkTarget)
+	return plan.Target(p.connRate)
 }
 
 // current returns the limit.
