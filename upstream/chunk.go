@@ -24,9 +24,9 @@ const fetchBufferSize = 256 << 10
 // Within tailSpan of a blob's end a chunk's bytes are written tailGather at
 // a time. There, a chunk whose connection goes silent has its rest asked
 // for again (see plan.HedgeAfter) from its first byte not written, and what
-// the silent request holds for a larger write comes twice: with 256 KiB
-// held, through a carrier that stalls sessions a 51 MB image took up to
-// 1.024x its bytes from the upstream.
+// the silent request holds for a larger write comes twice: smaller writes
+// near the end, where hedges happen, keep that duplicate small, while the
+// rest of the blob is written in large pieces.
 const (
 	tailSpan   = 16 << 20
 	tailGather = 64 << 10
@@ -416,9 +416,9 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 
 // gather reads from body into buf until buf is full, the body ends or
 // fails, or gatherFor has passed since the first byte: bytes are written
-// in large pieces on a fast connection (at 64 KiB, the fetch of a 600 MiB
-// image cost 0.3 s more CPU than at 256 KiB; cpubench), and without delay
-// on a slow one, such as a session still in slow start across a long path,
+// in large pieces on a fast connection (each write is a system call and
+// wakes the blob's readers, and small ones cost CPU), and without delay on
+// a slow one, such as a session still in slow start across a long path,
 // whose reader would otherwise wait for a buffer's worth.
 func gather(body io.Reader, buf []byte) (int, error) {
 	var first time.Time

@@ -70,11 +70,9 @@ func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 	}
 	// Larger chunks only once the budget has grown and no session was cut
 	// or stalled lately (renewable): a chunk that stalls holds the rest of
-	// its range until it is hedged, and a path that cuts gains nothing, its
-	// budget being below a chunk. With 4 MiB chunks on probe connections
-	// too, a pull across a carrier stalling sessions at 0 ms took 1.10x
-	// containerd's own (pullbench, one run of three; with this condition,
-	// where such a path keeps 1 MiB chunks, 1.03x and 1.08x in two runs).
+	// its range until it is hedged, so larger chunks on a stalling path
+	// (probes included) leave more waiting on each stall, and a path that
+	// cuts gains nothing, its budget being below a chunk.
 	now := time.Now()
 	renewable := ep.budget.renewable(now)
 	target := int64(minChunkTarget)
