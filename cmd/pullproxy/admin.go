@@ -22,6 +22,9 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -310,13 +313,13 @@ func uploadFits(store *storage.Store, dataDir string, size int64) error {
 	if err := store.CheckFits(digest.Digest("the archive"), size); err != nil {
 		return err
 	}
-	free, total, err := statfs(dataDir)
+	free, total, err := fsutil.Space(dataDir)
 	if err != nil {
 		return nil // nothing to tell by: the writes will say
 	}
 	if margin := min(total/20, 256<<20); size > free-margin {
 		return fmt.Errorf("the archive is %s; the data dir's file system has %s free, of which %s is kept free: %w",
-			humanBytes(size), humanBytes(free), humanBytes(margin), storage.ErrNoSpace)
+			progress.Bytes(size), progress.Bytes(free), progress.Bytes(margin), storage.ErrNoSpace)
 	}
 	return nil
 }
@@ -338,9 +341,9 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 	mux.Handle("POST /forget", forgetHandler(m.upstreams, log))
 	mux.HandleFunc("GET /debug/bucket", serveBucketHealth(m))
 	mux.HandleFunc("GET /export", func(w http.ResponseWriter, r *http.Request) {
-		var pins []pinnedImage
+		var pins []imageref.Ref
 		for _, ref := range r.URL.Query()["ref"] {
-			p, err := parsePin(ref)
+			p, err := imageref.Parse(ref)
 			if err != nil {
 				http.Error(w, "export: "+err.Error(), http.StatusBadRequest)
 				return

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
@@ -336,7 +337,7 @@ func TestAdminImportOverTheLimitIs413(t *testing.T) {
 	const declared = 64 << 20
 	var sent atomic.Int64
 	req, err := http.NewRequestWithContext(ctx, "POST", "http://x/import?name=big.tar",
-		&countingReader{io.LimitReader(zeroReader{}, declared), &sent})
+		&progress.CountingReader{R: io.LimitReader(zeroReader{}, declared), N: &sent})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,9 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -96,9 +99,9 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fs.Usage()
 		return errors.New("export: want -o FILE.tar and at least one image")
 	}
-	var pins []pinnedImage
+	var pins []imageref.Ref
 	for _, ref := range fs.Args() {
-		p, err := parsePin(ref)
+		p, err := imageref.Parse(ref)
 		if err != nil {
 			return fmt.Errorf("export: %w", err)
 		}
@@ -129,8 +132,8 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	defer m.Close()
-	err = writeFileAtomicFunc(*out, func(w io.Writer) error {
-		return exportImages(ctx, m.srv, pins, filepath.Dir(*out), w, stdout, isTerminal(stdout))
+	err = fsutil.WriteFileFunc(*out, func(w io.Writer) error {
+		return exportImages(ctx, m.srv, pins, filepath.Dir(*out), w, stdout, progress.IsTerminal(stdout))
 	})
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
@@ -142,15 +145,15 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // withStoreOnlyUpstreams adds to ups, as offline, the upstreams of pins
 // that ups lacks: an image the store holds is exported without its
 // upstream configured (an air-gapped site's data dir, or a copy of one).
-func withStoreOnlyUpstreams(ups []upstreamConfig, pins []pinnedImage) []upstreamConfig {
+func withStoreOnlyUpstreams(ups []upstreamConfig, pins []imageref.Ref) []upstreamConfig {
 	have := map[string]bool{}
 	for _, u := range ups {
 		have[upstream.CanonicalName(u.Name)] = true
 	}
 	for _, p := range pins {
-		if !have[p.upstream] {
-			have[p.upstream] = true
-			ups = append(ups, upstreamConfig{Name: p.upstream, Offline: true})
+		if !have[p.Upstream] {
+			have[p.Upstream] = true
+			ups = append(ups, upstreamConfig{Name: p.Upstream, Offline: true})
 		}
 	}
 	return ups
@@ -160,7 +163,7 @@ func withStoreOnlyUpstreams(ups []upstreamConfig, pins []pinnedImage) []upstream
 // images read through srv's registry API on a loopback port of this
 // process: the same requests, checks and fetching as a client's pull. The
 // layout is assembled under tmpBase. It reports each image to report.
-func exportImages(ctx context.Context, srv http.Handler, pins []pinnedImage, tmpBase string, w io.Writer, report io.Writer, terminal bool) error {
+func exportImages(ctx context.Context, srv http.Handler, pins []imageref.Ref, tmpBase string, w io.Writer, report io.Writer, terminal bool) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -179,17 +182,17 @@ func exportImages(ctx context.Context, srv http.Handler, pins []pinnedImage, tmp
 		return err
 	}
 	var fetched atomic.Int64
-	progress := startProgress(report, terminal, "exporting", func() (int64, int64, string) {
+	shown := progress.Start(report, terminal, "exporting", func() (int64, int64, string) {
 		return fetched.Load(), 0, ""
 	})
-	defer progress.End()
+	defer shown.End()
 	for _, p := range pins {
-		full := p.upstream + "/" + p.repo + refSeparator(p.ref) + p.ref
-		ref, err := name.ParseReference(ln.Addr().String()+"/"+p.repo+refSeparator(p.ref)+p.ref, name.Insecure)
+		full := p.Upstream + "/" + p.Repo + refSeparator(p.Ref) + p.Ref
+		ref, err := name.ParseReference(ln.Addr().String()+"/"+p.Repo+refSeparator(p.Ref)+p.Ref, name.Insecure)
 		if err != nil {
 			return fmt.Errorf("%s: %w", full, err)
 		}
-		desc, err := remote.Get(ref, remote.WithContext(ctx), remote.WithTransport(nsTransport{p.upstream, http.DefaultTransport, &fetched}))
+		desc, err := remote.Get(ref, remote.WithContext(ctx), remote.WithTransport(nsTransport{p.Upstream, http.DefaultTransport, &fetched}))
 		if err != nil {
 			return fmt.Errorf("%s: %w", full, err)
 		}
@@ -226,18 +229,18 @@ func exportThroughServer(ctx context.Context, server adminTarget, refs []string,
 	}
 	defer resp.Body.Close()
 	var got atomic.Int64
-	progress := startProgress(stdout, isTerminal(stdout), "exporting", func() (int64, int64, string) { return got.Load(), 0, "" })
-	err = writeFileAtomicFunc(out, func(w io.Writer) error {
-		_, err := io.Copy(w, countingReader{resp.Body, &got})
+	report := progress.Start(stdout, progress.IsTerminal(stdout), "exporting", func() (int64, int64, string) { return got.Load(), 0, "" })
+	err = fsutil.WriteFileFunc(out, func(w io.Writer) error {
+		_, err := io.Copy(w, progress.CountingReader{R: resp.Body, N: &got})
 		return err
 	})
-	progress.End()
+	report.End()
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
 	// The server says what it exported in a trailer-free way: the
 	// archive's index names each image.
-	fmt.Fprintf(stdout, "wrote %s (%s)\n", out, humanBytes(got.Load()))
+	fmt.Fprintf(stdout, "wrote %s (%s)\n", out, progress.Bytes(got.Load()))
 	return nil
 }
 
@@ -290,34 +293,6 @@ func writeTar(dir string, w io.Writer) error {
 	return tw.Close()
 }
 
-// writeFileAtomicFunc writes path with write, replacing it whole once
-// written and synced: a reader never sees half an archive.
-func writeFileAtomicFunc(path string, write func(io.Writer) error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".pullproxy-tar-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			os.Remove(tmp.Name())
-		}
-	}()
-	err = write(tmp)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	return err
-}
-
 // digestOf converts a go-containerregistry hash.
 func digestOf(h v1.Hash) digest.Digest { return digest.Digest(h.String()) }
 
@@ -337,7 +312,7 @@ func (t nsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.URL.RawQuery = q.Encode()
 	resp, err := t.next.RoundTrip(r)
 	if err == nil {
-		resp.Body = countingBody{resp.Body, countingReader{resp.Body, t.read}}
+		resp.Body = countingBody{resp.Body, progress.CountingReader{R: resp.Body, N: t.read}}
 	}
 	return resp, err
 }
@@ -345,7 +320,7 @@ func (t nsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 // countingBody is a response body read through a countingReader.
 type countingBody struct {
 	io.Closer
-	r countingReader
+	r progress.CountingReader
 }
 
 func (b countingBody) Read(p []byte) (int, error) { return b.r.Read(p) }

@@ -17,6 +17,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/proxy"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -401,10 +402,10 @@ func (c *fileConfig) validate() error {
 		errs = append(errs, fmt.Errorf("scrub_rate must be 0 (off) or more, and scrub_interval more than 0"))
 	}
 	for _, pin := range c.Pin {
-		if p, err := parsePin(pin); err != nil {
+		if p, err := imageref.Parse(pin); err != nil {
 			errs = append(errs, err)
-		} else if !seen[p.upstream] {
-			errs = append(errs, fmt.Errorf("pin %q: %s is not among the upstreams", pin, p.upstream))
+		} else if !seen[p.Upstream] {
+			errs = append(errs, fmt.Errorf("pin %q: %s is not among the upstreams", pin, p.Upstream))
 		}
 	}
 	if c.DefaultUpstream != "" && !seen[upstream.CanonicalName(c.DefaultUpstream)] {

@@ -16,13 +16,15 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -131,7 +133,7 @@ type doctorRun struct {
 	metrics  *prometheus.Registry
 	// imageBlobs are the config and layers of the image walked.
 	imageBlobs map[digest.Digest]bool
-	// space reads a file system's free and total bytes; nil: statfs.
+	// space reads a file system's free and total bytes; nil: fsutil.Space.
 	space func(path string) (free, total int64, err error)
 }
 
@@ -152,22 +154,22 @@ func (d *doctorRun) skip(step, detail string) {
 }
 
 func (d *doctorRun) run(ctx context.Context, ref string) {
-	img, err := parsePin(ref)
+	img, err := imageref.Parse(ref)
 	if err != nil {
 		d.fail("reference", err.Error(), "wrong reference", "write it as registry/repository:tag, e.g. docker.io/library/alpine:3.20", "here")
 		return
 	}
-	up := d.cfg.upstream(img.upstream)
+	up := d.cfg.upstream(img.Upstream)
 	if up == nil {
-		d.fail("upstream "+img.upstream, "not configured", "configuration",
-			"add "+img.upstream+" to upstreams (or --upstream "+img.upstream+"=https://...)", "here")
+		d.fail("upstream "+img.Upstream, "not configured", "configuration",
+			"add "+img.Upstream+" to upstreams (or --upstream "+img.Upstream+"=https://...)", "here")
 		return
 	}
 	if d.cfg.Offline || up.Offline {
-		d.skip("upstream "+img.upstream, "offline: pullproxy serves it from the store only")
+		d.skip("upstream "+img.Upstream, "offline: pullproxy serves it from the store only")
 		return
 	}
-	d.ok("upstream "+img.upstream, fmt.Sprintf("%d endpoint(s)", len(up.Endpoints)))
+	d.ok("upstream "+img.Upstream, fmt.Sprintf("%d endpoint(s)", len(up.Endpoints)))
 	log := slog.New(slog.DiscardHandler)
 	d.metrics = prometheus.NewRegistry()
 	m, err := upstream.NewMetrics(d.metrics)
@@ -196,13 +198,13 @@ func (d *doctorRun) run(ctx context.Context, ref string) {
 		d.fail("credentials", err.Error(), "configuration", "fix the upstream's auth", "here")
 		return
 	}
-	desc, body, err := reg.GetManifest(ctx, img.repo, img.ref, doctorManifestTypes)
+	desc, body, err := reg.GetManifest(ctx, img.Repo, img.Ref, doctorManifestTypes)
 	if err != nil {
-		d.upstreamError(ctx, "manifest "+img.ref, err, *up, reg, img)
+		d.upstreamError(ctx, "manifest "+img.Ref, err, *up, reg, img)
 		return
 	}
 	d.ok("credentials and token", authSummary(*up))
-	d.ok("manifest "+img.ref, fmt.Sprintf("%s %s, %d bytes", desc.MediaType, desc.Digest, desc.Size))
+	d.ok("manifest "+img.Ref, fmt.Sprintf("%s %s, %d bytes", desc.MediaType, desc.Digest, desc.Size))
 	d.replicas(ctx, *up, m, fetch, img)
 	manifest := body
 	if isIndex(body) {
@@ -210,7 +212,7 @@ func (d *doctorRun) run(ctx context.Context, ref string) {
 		if !ok {
 			return
 		}
-		_, manifest, err = reg.GetManifest(ctx, img.repo, child.String(), doctorManifestTypes)
+		_, manifest, err = reg.GetManifest(ctx, img.Repo, child.String(), doctorManifestTypes)
 		if err != nil {
 			d.upstreamError(ctx, "manifest for "+d.platform, err, *up, reg, img)
 			return
@@ -218,7 +220,7 @@ func (d *doctorRun) run(ctx context.Context, ref string) {
 		d.ok("manifest for "+d.platform, child.String())
 	}
 	d.blobs(ctx, reg, img, manifest)
-	d.path(ctx, img.upstream)
+	d.path(ctx, img.Upstream)
 	d.disk()
 }
 
@@ -331,7 +333,7 @@ func authSummary(up upstreamConfig) string {
 }
 
 // upstreamError classifies a failed manifest request.
-func (d *doctorRun) upstreamError(ctx context.Context, step string, err error, up upstreamConfig, reg *upstream.Registry, img pinnedImage) {
+func (d *doctorRun) upstreamError(ctx context.Context, step string, err error, up upstreamConfig, reg *upstream.Registry, img imageref.Ref) {
 	var ue *upstream.Error
 	errors.As(err, &ue)
 	withCreds := up.Auth.Type != "" && up.Auth.Type != "anonymous"
@@ -346,7 +348,7 @@ func (d *doctorRun) upstreamError(ctx context.Context, step string, err error, u
 		d.fail(step, err.Error(), "denied", "the credentials may not pull this repository: grant them pull, or use others", "here")
 	case errors.Is(err, upstream.ErrTooManyRequests):
 		detail := err.Error()
-		if left, ok := gaugeValue(d.metrics, "pullproxy_upstream_ratelimit_remaining", img.upstream); ok {
+		if left, ok := gaugeValue(d.metrics, "pullproxy_upstream_ratelimit_remaining", img.Upstream); ok {
 			detail += fmt.Sprintf(" (ratelimit-remaining: %.0f)", left)
 		}
 		if ue != nil && ue.RetryAfter > 0 {
@@ -355,7 +357,7 @@ func (d *doctorRun) upstreamError(ctx context.Context, step string, err error, u
 		d.fail(step, detail, "rate limit", "the registry's pull allowance is spent: authenticate (Docker Hub raises it for accounts), wait, or pull through one mirror for the site", "upstream")
 	case errors.Is(err, upstream.ErrNotFound):
 		detail := err.Error()
-		if page, lerr := reg.ListTags(ctx, img.repo, 0, ""); lerr == nil && len(page.Tags) > 0 {
+		if page, lerr := reg.ListTags(ctx, img.Repo, 0, ""); lerr == nil && len(page.Tags) > 0 {
 			tags := page.Tags
 			if len(tags) > 15 {
 				tags = append(slices.Clone(tags[:15]), "…")
@@ -372,7 +374,7 @@ func (d *doctorRun) upstreamError(ctx context.Context, step string, err error, u
 
 // replicas checks that every endpoint of a multi-endpoint upstream has
 // the tag: a replica that lacks it fails a failover.
-func (d *doctorRun) replicas(ctx context.Context, up upstreamConfig, m *upstream.Metrics, fetch upstream.FetchConfig, img pinnedImage) {
+func (d *doctorRun) replicas(ctx context.Context, up upstreamConfig, m *upstream.Metrics, fetch upstream.FetchConfig, img imageref.Ref) {
 	if len(up.Endpoints) < 2 {
 		return
 	}
@@ -382,13 +384,13 @@ func (d *doctorRun) replicas(ctx context.Context, up upstreamConfig, m *upstream
 		if err != nil {
 			continue
 		}
-		if _, err := r.HeadManifest(ctx, img.repo, img.ref, doctorManifestTypes); errors.Is(err, upstream.ErrNotFound) {
-			d.fail("replica "+e.URL, img.repo+":"+img.ref+" is missing there", "tag missing on a replica",
+		if _, err := r.HeadManifest(ctx, img.Repo, img.Ref, doctorManifestTypes); errors.Is(err, upstream.ErrNotFound) {
+			d.fail("replica "+e.URL, img.Repo+":"+img.Ref+" is missing there", "tag missing on a replica",
 				"replication does not backfill: push the tag again, or copy it to this replica (crane copy), or a failover to it fails", "upstream")
 		} else if err != nil {
 			d.warn("replica "+e.URL, err.Error(), "replica unreachable", "a failover to it would fail", "upstream")
 		} else {
-			d.ok("replica "+e.URL, "has "+img.ref)
+			d.ok("replica "+e.URL, "has "+img.Ref)
 		}
 	}
 }
@@ -429,7 +431,7 @@ func (d *doctorRun) pickPlatform(body []byte) (digest.Digest, bool) {
 
 // blobs checks the config and every layer by HEAD: there, and the size
 // the manifest declares.
-func (d *doctorRun) blobs(ctx context.Context, reg *upstream.Registry, img pinnedImage, manifest []byte) {
+func (d *doctorRun) blobs(ctx context.Context, reg *upstream.Registry, img imageref.Ref, manifest []byte) {
 	var m ocispec.Manifest
 	if err := json.Unmarshal(manifest, &m); err != nil {
 		d.fail("manifest", err.Error(), "invalid answer", "the manifest is not JSON", "upstream")
@@ -445,7 +447,7 @@ func (d *doctorRun) blobs(ctx context.Context, reg *upstream.Registry, img pinne
 		if i > 0 {
 			name = fmt.Sprintf("layer %d", i)
 		}
-		size, err := reg.HeadBlob(ctx, img.repo, b.Digest)
+		size, err := reg.HeadBlob(ctx, img.Repo, b.Digest)
 		switch {
 		case errors.Is(err, upstream.ErrNotFound):
 			d.fail(name+" "+b.Digest.String(), "missing upstream", "blob unknown", "the manifest names a blob the registry lacks: re-push the image", "upstream")
@@ -462,7 +464,7 @@ func (d *doctorRun) blobs(ctx context.Context, reg *upstream.Registry, img pinne
 		}
 	}
 	if bad == 0 {
-		d.ok("config and layers", fmt.Sprintf("%d blobs, %s, every one there at the size the manifest declares", len(blobs), humanBytes(total)))
+		d.ok("config and layers", fmt.Sprintf("%d blobs, %s, every one there at the size the manifest declares", len(blobs), progress.Bytes(total)))
 	}
 }
 
@@ -523,13 +525,13 @@ func (d *doctorRun) path(ctx context.Context, name string) {
 				d.ok(step, fmt.Sprintf("%d chunks lately: too few to judge", e.RecentChunks))
 			case e.CutPercent >= pathCutPercent && len(e.CutPoints) > 0:
 				d.warn(step, fmt.Sprintf("%d%% of recent chunks cut, sessions dying after %s to %s; budget %s",
-					e.CutPercent, humanBytes(e.CutPoints[0]), humanBytes(e.CutPoints[len(e.CutPoints)-1]), humanBytes(e.BudgetBytes)),
+					e.CutPercent, progress.Bytes(e.CutPoints[0]), progress.Bytes(e.CutPoints[len(e.CutPoints)-1]), progress.Bytes(e.BudgetBytes)),
 					"path cuts sessions", "the carrier kills sessions by byte count: pulls go on through pullproxy, slower; take it to the carrier, or prefer another region's endpoint", "upstream")
 			case e.CutPercent >= pathCutPercent:
 				d.warn(step, fmt.Sprintf("%d%% of recent chunks cut", e.CutPercent), "path drops sessions",
 					"connections die before carrying anything: the path or the registry drops them", "upstream")
 			default:
-				d.ok(step, fmt.Sprintf("%d%% of %d recent chunks cut; goodput %s/s", e.CutPercent, e.RecentChunks, humanBytes(int64(e.GoodputBytesPerSecond))))
+				d.ok(step, fmt.Sprintf("%d%% of %d recent chunks cut; goodput %s/s", e.CutPercent, e.RecentChunks, progress.Bytes(int64(e.GoodputBytesPerSecond))))
 			}
 		}
 	}
@@ -544,14 +546,14 @@ func (d *doctorRun) disk() {
 	}
 	space := d.space
 	if space == nil {
-		space = statfs
+		space = fsutil.Space
 	}
 	free, total, err := space(dir)
 	if err != nil {
 		d.warn("disk "+dir, err.Error(), "disk", "cannot tell the free space", "here")
 		return
 	}
-	detail := fmt.Sprintf("%s free of %s", humanBytes(free), humanBytes(total))
+	detail := fmt.Sprintf("%s free of %s", progress.Bytes(free), progress.Bytes(total))
 	if total > 0 && free*10 < total {
 		d.fail("disk "+dir, detail, "disk nearly full", "cold pulls need room: free or grow the disk, or lower max_size so eviction keeps it", "here")
 		return
@@ -603,14 +605,4 @@ func gaugeValue(reg *prometheus.Registry, metric, name string) (float64, bool) {
 		}
 	}
 	return 0, false
-}
-
-// statfs returns the free (to unprivileged users) and total bytes of the
-// file system holding path.
-func statfs(path string) (free, total int64, err error) {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(path, &st); err != nil {
-		return 0, 0, err
-	}
-	return int64(st.Bavail) * int64(st.Bsize), int64(st.Blocks) * int64(st.Bsize), nil
 }

@@ -8,13 +8,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/distribution/reference"
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/storage"
-	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // storeBound is max_size: a size ("100GiB"), a percentage of the data
@@ -80,43 +79,17 @@ func (b storeBound) policy() storage.EvictionPolicy {
 	return storage.EvictionPolicy{MaxPercent: storage.DefaultMaxPercent}
 }
 
-// pinnedImage is an image of the pin list, as the store names it.
-type pinnedImage struct {
-	upstream, repo, ref string
-}
-
-// parsePin reads a pin list entry: a full reference, the upstream's name
-// first ("docker.io/library/alpine:3.20", "ghcr.io/org/app@sha256:…");
-// Docker Hub's short names ("alpine:3.20") mean docker.io.
-func parsePin(s string) (pinnedImage, error) {
-	named, err := reference.ParseNormalizedNamed(s)
-	if err != nil {
-		return pinnedImage{}, fmt.Errorf("pin %q: %w", s, err)
-	}
-	up := upstream.CanonicalName(reference.Domain(named))
-	p := pinnedImage{upstream: up, repo: upstream.NormalizeRepository(up, reference.Path(named))}
-	switch r := named.(type) {
-	case reference.Canonical:
-		p.ref = r.Digest().String()
-	case reference.Tagged:
-		p.ref = r.Tag()
-	default:
-		p.ref = "latest"
-	}
-	return p, nil
-}
-
 // pinnedDigests returns the resolver of the pin list's blobs, as the store
 // holds them when eviction asks.
-func pinnedDigests(store *storage.Store, pins []pinnedImage) func(context.Context) (map[digest.Digest]bool, error) {
+func pinnedDigests(store *storage.Store, pins []imageref.Ref) func(context.Context) (map[digest.Digest]bool, error) {
 	if len(pins) == 0 {
 		return nil
 	}
 	return func(ctx context.Context) (map[digest.Digest]bool, error) {
 		out := map[digest.Digest]bool{}
 		for _, p := range pins {
-			if err := store.ImageDigests(ctx, p.upstream, p.repo, p.ref, out); err != nil {
-				return nil, fmt.Errorf("pinned %s/%s:%s: %w", p.upstream, p.repo, p.ref, err)
+			if err := store.ImageDigests(ctx, p.Upstream, p.Repo, p.Ref, out); err != nil {
+				return nil, fmt.Errorf("pinned %s/%s:%s: %w", p.Upstream, p.Repo, p.Ref, err)
 			}
 		}
 		return out, nil
@@ -134,9 +107,9 @@ const evictionInterval = time.Minute
 // explicit max_size, and only to make room: it must not take away, on a
 // disk filled by other things, what a site cannot fetch again.
 func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, reg prometheus.Registerer, log *slog.Logger, background bool) (wait func(), err error) {
-	var pins []pinnedImage
+	var pins []imageref.Ref
 	for _, s := range cfg.Pin {
-		p, err := parsePin(s)
+		p, err := imageref.Parse(s)
 		if err != nil {
 			return nil, err
 		}

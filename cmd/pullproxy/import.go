@@ -24,6 +24,8 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 )
 
@@ -88,7 +90,7 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 		if fi, err := os.Stat(file); err == nil {
 			size = fi.Size()
 		}
-		report := startProgress(stdout, isTerminal(stdout), "importing "+file, func() (int64, int64, string) {
+		report := progress.Start(stdout, progress.IsTerminal(stdout), "importing "+file, func() (int64, int64, string) {
 			return imp.read.Load(), size, ""
 		})
 		err := imp.run(ctx, cfg.DataDir)
@@ -141,7 +143,7 @@ type repoKey struct{ upstream, repo string }
 
 type importedTag struct {
 	ref       string
-	img       pinnedImage
+	img       imageref.Ref
 	digest    digest.Digest
 	mediaType string
 	size      int64
@@ -279,12 +281,12 @@ func (imp *importer) planLayout(ctx context.Context, x *archiveIndex) (*layoutPl
 	plan := &layoutPlan{}
 	for _, desc := range idx.Manifests {
 		refName := desc.Annotations[ocispec.AnnotationRefName]
-		img, err := parsePin(refName)
+		img, err := imageref.Parse(refName)
 		if err != nil || !strings.Contains(refName, "/") {
 			return nil, fmt.Errorf("index.json: %s is named %q, not a full reference (registry/repository:tag): "+
 				"export it with pullproxy export, or name it so", desc.Digest, refName)
 		}
-		if err := imp.planManifest(ctx, x, plan, repoKey{img.upstream, img.repo}, desc, 0); err != nil {
+		if err := imp.planManifest(ctx, x, plan, repoKey{img.Upstream, img.Repo}, desc, 0); err != nil {
 			return nil, fmt.Errorf("%s: %w", refName, err)
 		}
 		imp.tag(refName, img, desc.Digest, desc.MediaType, desc.Size)
@@ -393,11 +395,11 @@ func (imp *importer) fromDockerSave(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", repoTag, err)
 			}
-			pin, err := parsePin(repoTag)
+			pin, err := imageref.Parse(repoTag)
 			if err != nil {
 				return fmt.Errorf("manifest.json: %w", err)
 			}
-			if err := imp.image(ctx, repoKey{pin.upstream, pin.repo}, img); err != nil {
+			if err := imp.image(ctx, repoKey{pin.Upstream, pin.Repo}, img); err != nil {
 				return fmt.Errorf("%s: %w", repoTag, err)
 			}
 			d, _ := img.Digest()
@@ -455,7 +457,7 @@ func (imp *importer) blob(ctx context.Context, rk repoKey, d digest.Digest, size
 	if imp.seenBlob[d] {
 		return nil
 	}
-	added, err := imp.batch.Ingest(ctx, d, size, countingReader{r, &imp.read})
+	added, err := imp.batch.Ingest(ctx, d, size, progress.CountingReader{R: r, N: &imp.read})
 	if err != nil {
 		return err
 	}
@@ -486,7 +488,7 @@ func (imp *importer) member(rk repoKey, d digest.Digest, size int64) {
 	imp.members[rk][d] = size
 }
 
-func (imp *importer) tag(ref string, img pinnedImage, d digest.Digest, mediaType string, size int64) {
+func (imp *importer) tag(ref string, img imageref.Ref, d digest.Digest, mediaType string, size int64) {
 	imp.tagged = append(imp.tagged, importedTag{ref: ref, img: img, digest: d, mediaType: mediaType, size: size})
 }
 
@@ -510,15 +512,15 @@ func (imp *importer) record(ctx context.Context) error {
 	now := time.Now()
 	newTags := map[repoKey][]string{}
 	for _, t := range imp.tagged {
-		if _, err := digest.Parse(t.img.ref); err == nil || !imp.mayRetag(t.img.upstream) {
+		if _, err := digest.Parse(t.img.Ref); err == nil || !imp.mayRetag(t.img.Upstream) {
 			continue // by digest, or the upstream's own: no tag
 		}
 		rec := storage.TagRecord{Digest: t.digest, MediaType: t.mediaType, Size: t.size, CheckedAt: now}
-		if err := imp.store.PutTag(ctx, t.img.upstream, t.img.repo, t.img.ref, rec); err != nil {
+		if err := imp.store.PutTag(ctx, t.img.Upstream, t.img.Repo, t.img.Ref, rec); err != nil {
 			return err
 		}
-		rk := repoKey{t.img.upstream, t.img.repo}
-		newTags[rk] = append(newTags[rk], t.img.ref)
+		rk := repoKey{t.img.Upstream, t.img.Repo}
+		newTags[rk] = append(newTags[rk], t.img.Ref)
 	}
 	// The whole tag list (the page without n or last), so that listing
 	// clients see the imported tags offline.
@@ -553,14 +555,14 @@ func cutMessage(err error) string {
 // tag was recorded.
 func (imp *importer) report(w io.Writer, name string) {
 	for _, t := range imp.tagged {
-		if imp.mayRetag(t.img.upstream) {
+		if imp.mayRetag(t.img.Upstream) {
 			fmt.Fprintf(w, "imported %s %s\n", t.ref, t.digest)
 			continue
 		}
 		fmt.Fprintf(w, "imported %s %s: its blobs only; the tag stays %s's, which is online (--retag to move it)\n",
-			t.ref, t.digest, t.img.upstream)
+			t.ref, t.digest, t.img.Upstream)
 	}
-	fmt.Fprintf(w, "imported %s: %d images, %d blobs added, %s\n", name, len(imp.tagged), len(imp.added()), humanBytes(imp.bytes))
+	fmt.Fprintf(w, "imported %s: %d images, %d blobs added, %s\n", name, len(imp.tagged), len(imp.added()), progress.Bytes(imp.bytes))
 }
 
 // importThroughServer sends each archive to a running server's admin

@@ -13,6 +13,7 @@ import (
 
 	"github.com/distribution/reference"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -98,7 +99,7 @@ func nodeConfig(args []string, stdout, stderr io.Writer) error {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return fmt.Errorf("node-config: %w", err)
 		}
-		if err := writeFileAtomic(path, []byte(files[path])); err != nil {
+		if err := fsutil.WriteFile(path, []byte(files[path])); err != nil {
 			return fmt.Errorf("node-config: %w", err)
 		}
 		fmt.Fprintf(stderr, "wrote %s\n", path)
@@ -213,27 +214,4 @@ func crioRegistries(mirror *url.URL, registries []nodeRegistry, noFallback bool)
 		fmt.Fprintf(&b, "\n[[registry.mirror]]\nlocation = %q\ninsecure = %v\n", through, mirrorInsecure)
 	}
 	return b.String()
-}
-
-// writeFileAtomic replaces path with b: a reader never sees half a file.
-func writeFileAtomic(path string, b []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".pullproxy-*")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(b)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return errors.Join(fmt.Errorf("writing %s", path), err)
-	}
-	return nil
 }

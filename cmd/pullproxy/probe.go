@@ -21,6 +21,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -117,12 +119,12 @@ func probe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			}
 			r := sessionsOf[j](ctx)
 			results[j] = append(results[j], r)
-			if !*asJSON && isTerminal(stderr) {
-				fmt.Fprintf(stderr, "\r\033[Ksession %d/%d of %s: %s after %s", i+1, *sessions, t, r.Outcome, humanBytes(r.Bytes))
+			if !*asJSON && progress.IsTerminal(stderr) {
+				fmt.Fprintf(stderr, "\r\033[Ksession %d/%d of %s: %s after %s", i+1, *sessions, t, r.Outcome, progress.Bytes(r.Bytes))
 			}
 		}
 	}
-	if !*asJSON && isTerminal(stderr) {
+	if !*asJSON && progress.IsTerminal(stderr) {
 		fmt.Fprint(stderr, "\r\033[K")
 	}
 	var summaries []probeSummary
@@ -201,20 +203,20 @@ func printSummary(w io.Writer, s probeSummary) {
 	fmt.Fprintf(w, "  cut after carrying bytes: %d of %d (%.1f%%); outcomes: %s\n", s.Cut, s.Sessions, 100*s.CutRate, strings.Join(kinds, ", "))
 	if s.Cut > 0 {
 		fmt.Fprintf(w, "  cut points: min %s, median %s, max %s (%d, %d, %d bytes)\n",
-			humanBytes(s.CutMin), humanBytes(s.CutMed), humanBytes(s.CutMax), s.CutMin, s.CutMed, s.CutMax)
+			progress.Bytes(s.CutMin), progress.Bytes(s.CutMed), progress.Bytes(s.CutMax), s.CutMin, s.CutMed, s.CutMax)
 		most := 0
 		for _, b := range s.Hist {
 			most = max(most, b.Count)
 		}
 		for _, b := range s.Hist {
-			fmt.Fprintf(w, "    %10s – %-10s %-30s %d\n", humanBytes(b.From), humanBytes(b.To), strings.Repeat("#", b.Count*30/max(most, 1)), b.Count)
+			fmt.Fprintf(w, "    %10s – %-10s %-30s %d\n", progress.Bytes(b.From), progress.Bytes(b.To), strings.Repeat("#", b.Count*30/max(most, 1)), b.Count)
 		}
 	}
-	fmt.Fprintf(w, "  throughput: %s/s over the sessions' time\n", humanBytes(int64(s.Rate)))
+	fmt.Fprintf(w, "  throughput: %s/s over the sessions' time\n", progress.Bytes(int64(s.Rate)))
 	if s.Cut > 0 {
-		fmt.Fprintf(w, "  connection budget pullproxy would settle on: %s (below the cuts, with a margin)\n", humanBytes(s.Budget))
+		fmt.Fprintf(w, "  connection budget pullproxy would settle on: %s (below the cuts, with a margin)\n", progress.Bytes(s.Budget))
 	} else {
-		fmt.Fprintf(w, "  no session was cut: pullproxy's connection budget grows to its ceiling, %s\n", humanBytes(s.Budget))
+		fmt.Fprintf(w, "  no session was cut: pullproxy's connection budget grows to its ceiling, %s\n", progress.Bytes(s.Budget))
 	}
 }
 
@@ -238,7 +240,7 @@ func (h *headerFlags) Set(v string) error {
 // platform) on its configured upstream, and returns a session reading it
 // from the upstream's first endpoint with the upstream's credentials.
 func probeImage(ctx context.Context, af archiveFlags, ref, platform string, client *http.Client, opts upstream.ProbeOptions) (func(context.Context) upstream.SessionResult, error) {
-	img, err := parsePin(ref)
+	img, err := imageref.Parse(ref)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %q is neither an http(s) URL nor an image reference: %w", ref, err)
 	}
@@ -246,9 +248,9 @@ func probeImage(ctx context.Context, af archiveFlags, ref, platform string, clie
 	if err != nil {
 		return nil, err
 	}
-	up := cfg.upstream(img.upstream)
+	up := cfg.upstream(img.Upstream)
 	if up == nil || len(up.Endpoints) == 0 {
-		return nil, fmt.Errorf("probe: %s is not a configured upstream (--config, --upstream)", img.upstream)
+		return nil, fmt.Errorf("probe: %s is not a configured upstream (--config, --upstream)", img.Upstream)
 	}
 	m, err := upstream.NewMetrics(prometheus.NewRegistry())
 	if err != nil {
@@ -258,7 +260,7 @@ func probeImage(ctx context.Context, af archiveFlags, ref, platform string, clie
 	if err != nil {
 		return nil, err
 	}
-	_, body, err := reg.GetManifest(ctx, img.repo, img.ref, doctorManifestTypes)
+	_, body, err := reg.GetManifest(ctx, img.Repo, img.Ref, doctorManifestTypes)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %s: %w (pullproxy doctor says why)", ref, err)
 	}
@@ -268,7 +270,7 @@ func probeImage(ctx context.Context, af archiveFlags, ref, platform string, clie
 		found := false
 		for _, c := range idx.Manifests {
 			if c.Platform != nil && c.Platform.OS+"/"+c.Platform.Architecture == platform {
-				if _, body, err = reg.GetManifest(ctx, img.repo, c.Digest.String(), doctorManifestTypes); err != nil {
+				if _, body, err = reg.GetManifest(ctx, img.Repo, c.Digest.String(), doctorManifestTypes); err != nil {
 					return nil, fmt.Errorf("probe: %s for %s: %w", ref, platform, err)
 				}
 				found = true
@@ -285,6 +287,6 @@ func probeImage(ctx context.Context, af archiveFlags, ref, platform string, clie
 	}
 	largest := slices.MaxFunc(man.Layers, func(a, b ocispec.Descriptor) int { return cmp.Compare(a.Size, b.Size) })
 	return func(ctx context.Context) upstream.SessionResult {
-		return reg.ProbeBlob(ctx, client, img.repo, largest.Digest, opts)
+		return reg.ProbeBlob(ctx, client, img.Repo, largest.Digest, opts)
 	}, nil
 }

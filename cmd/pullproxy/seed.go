@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/proxy"
 	"github.com/pullproxy/pullproxy/storage"
 )
@@ -93,7 +95,7 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer m.Close()
-	return seedImages(ctx, m.srv, req, stdout, isTerminal(stdout))
+	return seedImages(ctx, m.srv, req, stdout, progress.IsTerminal(stdout))
 }
 
 // seedImages seeds each image of req into srv's store, reporting progress
@@ -101,28 +103,28 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 func seedImages(ctx context.Context, srv *proxy.Server, req seedRequest, out io.Writer, terminal bool) error {
 	failed := 0
 	for _, ref := range req.Refs {
-		img, err := parsePin(ref)
+		img, err := imageref.Parse(ref)
 		if err != nil {
 			fmt.Fprintf(out, "error %s: %v\n", ref, err)
 			failed++
 			continue
 		}
-		progress := &proxy.SeedProgress{}
+		seeded := &proxy.SeedProgress{}
 		start := time.Now()
-		report := startProgress(out, terminal, "seeding "+ref, func() (int64, int64, string) {
-			return progress.BytesDone.Load(), progress.BytesTotal.Load(),
-				fmt.Sprintf("blobs %d/%d", progress.BlobsDone.Load(), progress.BlobsTotal.Load())
+		report := progress.Start(out, terminal, "seeding "+ref, func() (int64, int64, string) {
+			return seeded.BytesDone.Load(), seeded.BytesTotal.Load(),
+				fmt.Sprintf("blobs %d/%d", seeded.BlobsDone.Load(), seeded.BlobsTotal.Load())
 		})
-		d, err := srv.Seed(ctx, img.upstream, img.repo, img.ref, proxy.SeedOptions{
-			Platforms: req.Platforms, Referrers: req.Referrers, Progress: progress})
+		d, err := srv.Seed(ctx, img.Upstream, img.Repo, img.Ref, proxy.SeedOptions{
+			Platforms: req.Platforms, Referrers: req.Referrers, Progress: seeded})
 		report.End()
 		if err != nil {
 			fmt.Fprintf(out, "error %s: %v\n", ref, err)
 			failed++
 			continue
 		}
-		fmt.Fprintf(out, "seeded %s %s: %d blobs, %s in %s\n", ref, d, progress.BlobsDone.Load(),
-			humanBytes(progress.BytesTotal.Load()), time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(out, "seeded %s %s: %d blobs, %s in %s\n", ref, d, seeded.BlobsDone.Load(),
+			progress.Bytes(seeded.BytesTotal.Load()), time.Since(start).Round(time.Millisecond))
 	}
 	if failed > 0 {
 		return fmt.Errorf("seed: %d of %d images failed", failed, len(req.Refs))
@@ -181,15 +183,6 @@ type levelFloor struct {
 
 func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= h.min && h.Handler.Enabled(ctx, l)
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 // hostArch is this machine's architecture, as image indexes name it.

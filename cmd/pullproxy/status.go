@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -106,11 +107,11 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			}
 			fmt.Fprintf(stdout, "  %s %s: %s\n", e.URL, e.Region, state)
 			fmt.Fprintf(stdout, "    chunks lately: %d, %d%% cut; connection budget %s; connections %d of %d; goodput %s/s; received %s\n",
-				e.RecentChunks, e.CutPercent, humanBytes(e.BudgetBytes), e.ConnectionsInFlight, e.ConnectionsLimit,
-				humanBytes(int64(e.GoodputBytesPerSecond)), humanBytes(e.ReceivedBytes))
+				e.RecentChunks, e.CutPercent, progress.Bytes(e.BudgetBytes), e.ConnectionsInFlight, e.ConnectionsLimit,
+				progress.Bytes(int64(e.GoodputBytesPerSecond)), progress.Bytes(e.ReceivedBytes))
 			if len(e.CutPoints) > 0 {
 				fmt.Fprintf(stdout, "    cut points (10 min): %d, from %s to %s\n", len(e.CutPoints),
-					humanBytes(e.CutPoints[0]), humanBytes(e.CutPoints[len(e.CutPoints)-1]))
+					progress.Bytes(e.CutPoints[0]), progress.Bytes(e.CutPoints[len(e.CutPoints)-1]))
 			}
 			if e.LastError != "" {
 				fmt.Fprintf(stdout, "    last error at %s: %s\n", e.LastErrAt.Format(time.TimeOnly), e.LastError)

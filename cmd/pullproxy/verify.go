@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"runtime"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 )
 
@@ -94,7 +95,7 @@ func verify(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			if total > 0 {
 				pct = 100 * float64(done) / float64(total)
 			}
-			fmt.Fprintf(stderr, "verified %s of %s (%.0f%%)\n", humanBytes(done), humanBytes(total), pct)
+			fmt.Fprintf(stderr, "verified %s of %s (%.0f%%)\n", progress.Bytes(done), progress.Bytes(total), pct)
 		}
 	}
 	problems, err := store.Verify(ctx, opts)
@@ -125,18 +126,4 @@ func verify(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return &exitError{code: verifyRepaired}
 	}
 	return &exitError{code: verifyFound}
-}
-
-// humanBytes writes n in binary units.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
