@@ -36,32 +36,9 @@ import (
 // root) reach it; on a loopback TCP address only when asked, and then
 // behind adminGuard and a token.
 
-// adminSocketName is the default socket's name in the data dir.
-const adminSocketName = "admin.sock"
-
-// adminTokenName is the default token file's name in the data dir.
-const adminTokenName = "admin.token"
-
 // maxSocketPath is the longest path a unix socket can be bound at (the
 // size of sockaddr_un's sun_path, less its terminating NUL).
 const maxSocketPath = 107
-
-// adminAddress returns where cfg's admin endpoint listens: "off",
-// "unix:/path", or a TCP host:port.
-func adminAddress(cfg fileConfig) string {
-	if cfg.AdminListen == "" {
-		return "unix:" + filepath.Join(cfg.DataDir, adminSocketName)
-	}
-	return cfg.AdminListen
-}
-
-// adminTokenFile returns the file holding cfg's admin token.
-func adminTokenFile(cfg fileConfig) string {
-	if cfg.AdminTokenFile != "" {
-		return cfg.AdminTokenFile
-	}
-	return filepath.Join(cfg.DataDir, adminTokenName)
-}
 
 // listenAdmin opens the admin listener at addr: "off", "unix:/path", or a
 // loopback host:port. It returns nil for off. A TCP address other than

@@ -13,6 +13,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 )
 
 // The commands that talk to a running server (seed, import, export,
@@ -37,7 +39,7 @@ func (t adminTarget) String() string {
 }
 
 // adminFlags are the flags of a command that calls the admin endpoint, with
-// --data-dir and --config (archiveFlags): an explicit address, and the
+// --data-dir and --config (config.CommandFlags): an explicit address, and the
 // token file for a TCP one.
 type adminFlags struct {
 	server, tokenFile string
@@ -51,13 +53,13 @@ func (a *adminFlags) register(fs *flag.FlagSet, what string) {
 
 // target returns the admin endpoint to call: --server if given, else the
 // one cfg names.
-func (a *adminFlags) target(cfg fileConfig) (adminTarget, error) {
+func (a *adminFlags) target(cfg config.File) (adminTarget, error) {
 	if a.tokenFile != "" {
 		cfg.AdminTokenFile = a.tokenFile
 	}
 	addr := a.server
 	if addr == "" {
-		addr = adminAddress(cfg)
+		addr = cfg.AdminAddress()
 		if addr == "off" {
 			return adminTarget{}, errors.New("the admin endpoint is off (admin_listen: off)")
 		}
@@ -75,7 +77,7 @@ func (a *adminFlags) target(cfg fileConfig) (adminTarget, error) {
 	if err != nil || u.Scheme != "http" || u.Host == "" {
 		return adminTarget{}, fmt.Errorf("--server %q: want unix:/path or http://host:port", addr)
 	}
-	file := adminTokenFile(cfg)
+	file := cfg.AdminTokenPath()
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return adminTarget{}, fmt.Errorf("the admin endpoint's token: %w (give --admin-token-file, or run as the server's user)", err)

@@ -26,6 +26,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
@@ -33,36 +34,9 @@ import (
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
-// archiveFlags are the flags export and import share with seed: where the
-// data dir and the upstreams are.
-type archiveFlags struct {
-	dataDir, configPath string
-	ups                 upstreamFlags
-}
-
-func (a *archiveFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&a.dataDir, "data-dir", "", "the data dir; when a server runs on it, through its admin endpoint (default: the config's, or ./data)")
-	fs.StringVar(&a.configPath, "config", "", "YAML configuration file: upstreams, credentials, data_dir")
-	fs.Var(&a.ups, "upstream", "NAME=URL[,URL...]: an upstream, as for serve (repeatable)")
-}
-
-func (a *archiveFlags) config() (fileConfig, error) {
-	cfg := defaultConfig()
-	if a.configPath != "" {
-		if err := loadConfigFile(a.configPath, &cfg); err != nil {
-			return cfg, err
-		}
-	}
-	if a.dataDir != "" {
-		cfg.DataDir = a.dataDir
-	}
-	cfg.Upstreams = withDefaultUpstreams(mergeUpstreams(cfg.Upstreams, a.ups))
-	return cfg, cfg.validate()
-}
-
 // openCommandMirror opens the data dir for a command, quietly: the
 // command's output says what it does.
-func openCommandMirror(ctx context.Context, cfg fileConfig, stderr io.Writer) (*mirror, error) {
+func openCommandMirror(ctx context.Context, cfg config.File, stderr io.Writer) (*mirror, error) {
 	log, err := newLogger(cfg, stderr)
 	if err != nil {
 		return nil, err
@@ -80,8 +54,8 @@ func openCommandMirror(ctx context.Context, cfg fileConfig, stderr io.Writer) (*
 func export(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("export", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var af archiveFlags
-	af.register(fs)
+	var af config.CommandFlags
+	af.Register(fs)
 	out := fs.String("o", "", "the archive to write (an OCI image layout as a tar)")
 	var admin adminFlags
 	admin.register(fs, "export")
@@ -107,7 +81,7 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		pins = append(pins, p)
 	}
-	cfg, err := af.config()
+	cfg, err := af.Load()
 	if err != nil {
 		return err
 	}
@@ -145,7 +119,7 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // withStoreOnlyUpstreams adds to ups, as offline, the upstreams of pins
 // that ups lacks: an image the store holds is exported without its
 // upstream configured (an air-gapped site's data dir, or a copy of one).
-func withStoreOnlyUpstreams(ups []upstreamConfig, pins []imageref.Ref) []upstreamConfig {
+func withStoreOnlyUpstreams(ups []config.Upstream, pins []imageref.Ref) []config.Upstream {
 	have := map[string]bool{}
 	for _, u := range ups {
 		have[upstream.CanonicalName(u.Name)] = true
@@ -153,7 +127,7 @@ func withStoreOnlyUpstreams(ups []upstreamConfig, pins []imageref.Ref) []upstrea
 	for _, p := range pins {
 		if !have[p.Upstream] {
 			have[p.Upstream] = true
-			ups = append(ups, upstreamConfig{Name: p.Upstream, Offline: true})
+			ups = append(ups, config.Upstream{Name: p.Upstream, Offline: true})
 		}
 	}
 	return ups

@@ -22,6 +22,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
@@ -58,8 +59,8 @@ var doctorManifestTypes = []string{ocispec.MediaTypeImageIndex, ocispec.MediaTyp
 func doctor(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var af archiveFlags
-	af.register(fs)
+	var af config.CommandFlags
+	af.Register(fs)
 	platform := fs.String("platform", "linux/"+hostArch(), "the platform a node pulls")
 	asJSON := fs.Bool("json", false, "print JSON")
 	var admin adminFlags
@@ -79,7 +80,7 @@ func doctor(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fs.Usage()
 		return &exitError{code: doctorCannotRun, err: errors.New("doctor: want one image reference")}
 	}
-	cfg, err := af.config()
+	cfg, err := af.Load()
 	if err != nil {
 		return &exitError{code: doctorCannotRun, err: err}
 	}
@@ -126,7 +127,7 @@ func whereWords(where string) string {
 
 // doctorRun is one doctor's walk.
 type doctorRun struct {
-	cfg      fileConfig
+	cfg      config.File
 	platform string
 	server   *adminTarget // a running server's admin endpoint; nil: none
 	steps    []doctorStep
@@ -159,7 +160,7 @@ func (d *doctorRun) run(ctx context.Context, ref string) {
 		d.fail("reference", err.Error(), "wrong reference", "write it as registry/repository:tag, e.g. docker.io/library/alpine:3.20", "here")
 		return
 	}
-	up := d.cfg.upstream(img.Upstream)
+	up := d.cfg.Upstream(img.Upstream)
 	if up == nil {
 		d.fail("upstream "+img.Upstream, "not configured", "configuration",
 			"add "+img.Upstream+" to upstreams (or --upstream "+img.Upstream+"=https://...)", "here")
@@ -177,7 +178,7 @@ func (d *doctorRun) run(ctx context.Context, ref string) {
 		d.fail("set-up", err.Error(), "internal", "report it", "here")
 		return
 	}
-	tlsCfg, err := up.tlsConfig(log)
+	tlsCfg, err := up.TLSConfig(log)
 	if err != nil {
 		d.fail("tls configuration", err.Error(), "configuration", "fix ca_file", "here")
 		return
@@ -191,7 +192,7 @@ func (d *doctorRun) run(ctx context.Context, ref string) {
 	if reachable == 0 {
 		return
 	}
-	fetch := d.cfg.Fetch.options()
+	fetch := d.cfg.Fetch.Options()
 	fetch.MaxAttempts = 2 // a diagnosis, not a pull: say quickly
 	reg, err := newRegistry(*up, nil, log, m, upstream.NewTransport(), fetch)
 	if err != nil {
@@ -325,7 +326,7 @@ func tlsFix(err error) string {
 	return "the TLS handshake failed: an HTTPS endpoint that speaks plain HTTP, or a middlebox"
 }
 
-func authSummary(up upstreamConfig) string {
+func authSummary(up config.Upstream) string {
 	if up.Auth.Type == "" || up.Auth.Type == "anonymous" {
 		return "anonymous pulls are allowed"
 	}
@@ -333,7 +334,7 @@ func authSummary(up upstreamConfig) string {
 }
 
 // upstreamError classifies a failed manifest request.
-func (d *doctorRun) upstreamError(ctx context.Context, step string, err error, up upstreamConfig, reg *upstream.Registry, img imageref.Ref) {
+func (d *doctorRun) upstreamError(ctx context.Context, step string, err error, up config.Upstream, reg *upstream.Registry, img imageref.Ref) {
 	var ue *upstream.Error
 	errors.As(err, &ue)
 	withCreds := up.Auth.Type != "" && up.Auth.Type != "anonymous"
@@ -374,7 +375,7 @@ func (d *doctorRun) upstreamError(ctx context.Context, step string, err error, u
 
 // replicas checks that every endpoint of a multi-endpoint upstream has
 // the tag: a replica that lacks it fails a failover.
-func (d *doctorRun) replicas(ctx context.Context, up upstreamConfig, m *upstream.Metrics, fetch upstream.FetchConfig, img imageref.Ref) {
+func (d *doctorRun) replicas(ctx context.Context, up config.Upstream, m *upstream.Metrics, fetch upstream.FetchConfig, img imageref.Ref) {
 	if len(up.Endpoints) < 2 {
 		return
 	}
@@ -471,9 +472,9 @@ func (d *doctorRun) blobs(ctx context.Context, reg *upstream.Registry, img image
 // doctorAdmin returns the admin endpoint doctor reads the path's live
 // state from: --server, or the socket of a server running on the data
 // dir; nil when there is none.
-func doctorAdmin(admin adminFlags, cfg fileConfig) *adminTarget {
+func doctorAdmin(admin adminFlags, cfg config.File) *adminTarget {
 	if admin.server == "" {
-		path, ok := strings.CutPrefix(adminAddress(cfg), "unix:")
+		path, ok := strings.CutPrefix(cfg.AdminAddress(), "unix:")
 		if fi, err := os.Lstat(path); !ok || err != nil || fi.Mode()&os.ModeSocket == 0 {
 			return nil
 		}
@@ -565,11 +566,11 @@ func (d *doctorRun) disk() {
 // writable with the credentials at hand, conditional writes honoured.
 func (d *doctorRun) bucket(ctx context.Context) {
 	st := d.cfg.Storage
-	if !st.shared() {
+	if !st.Shared() {
 		return
 	}
 	step := "bucket " + st.Bucket
-	b, err := bucket.Open(ctx, st.bucketConfig(), bucket.WithLogger(slog.New(slog.DiscardHandler)))
+	b, err := bucket.Open(ctx, st.BucketConfig(), bucket.WithLogger(slog.New(slog.DiscardHandler)))
 	if err == nil {
 		defer b.Close()
 		err = b.Check(ctx) // Open only warns when conditional writes are ignored

@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/registry"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/internal/ecrtest"
 	"github.com/pullproxy/pullproxy/internal/miniotest"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
@@ -211,7 +212,7 @@ func TestDoctorDisk(t *testing.T) {
 		{9 << 30, 100 << 30, "fail"},
 		{30 << 30, 100 << 30, "ok"},
 	} {
-		d := &doctorRun{cfg: fileConfig{DataDir: t.TempDir()},
+		d := &doctorRun{cfg: config.File{DataDir: t.TempDir()},
 			space: func(string) (int64, int64, error) { return tt.free, tt.total, nil }}
 		d.disk()
 		if len(d.steps) != 1 || d.steps[0].Verdict != tt.verdict ||
@@ -284,7 +285,7 @@ func TestDoctorBucket(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv("AWS_ACCESS_KEY_ID", miniotest.AccessKey)
 			t.Setenv("AWS_SECRET_ACCESS_KEY", tt.secret)
-			d := &doctorRun{cfg: fileConfig{Storage: storageConfig{Type: "s3", Bucket: tt.bucket,
+			d := &doctorRun{cfg: config.File{Storage: config.Storage{Type: "s3", Bucket: tt.bucket,
 				Endpoint: srv.Endpoint, PathStyle: true}}}
 			d.bucket(t.Context())
 			if len(d.steps) != 1 || d.steps[0].Verdict != tt.verdict || d.steps[0].Class != tt.class ||

@@ -4,80 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.yaml.in/yaml/v3"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/storage"
 )
-
-// storeBound is max_size: a size ("100GiB"), a percentage of the data
-// dir's file system ("80%"), or "off". Unset, the store keeps its file
-// system below storage.DefaultMaxPercent full.
-type storeBound struct {
-	bytes   int64
-	percent float64
-	off     bool
-	set     bool
-}
-
-func (b *storeBound) UnmarshalYAML(n *yaml.Node) error {
-	v, err := parseStoreBound(n.Value)
-	if err != nil {
-		return fmt.Errorf("line %d: max_size: %w", n.Line, err)
-	}
-	*b = v
-	return nil
-}
-
-func parseStoreBound(s string) (storeBound, error) {
-	s = strings.TrimSpace(s)
-	switch {
-	case s == "off":
-		return storeBound{off: true, set: true}, nil
-	case strings.HasSuffix(s, "%"):
-		p, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(s, "%")), 64)
-		if err != nil || p <= 5 || p > 100 {
-			return storeBound{}, fmt.Errorf("%q: want a percentage of the file system above 5%% and at most 100%%", s)
-		}
-		return storeBound{percent: p, set: true}, nil
-	}
-	n, err := parseByteSize(s)
-	if err != nil || n <= 0 {
-		return storeBound{}, fmt.Errorf("%q: want a size (100GiB), a percentage of the file system (80%%) or off", s)
-	}
-	return storeBound{bytes: n, set: true}, nil
-}
-
-func (b storeBound) String() string {
-	switch {
-	case b.off:
-		return "off"
-	case b.bytes > 0:
-		return strconv.FormatInt(b.bytes, 10) + " bytes"
-	case b.percent > 0:
-		return strconv.FormatFloat(b.percent, 'f', -1, 64) + "% of the file system"
-	}
-	return strconv.Itoa(storage.DefaultMaxPercent) + "% of the file system (the default)"
-}
-
-// policy is the eviction policy the bound sets.
-func (b storeBound) policy() storage.EvictionPolicy {
-	switch {
-	case b.off:
-		return storage.EvictionPolicy{}
-	case b.bytes > 0:
-		return storage.EvictionPolicy{MaxBytes: b.bytes}
-	case b.percent > 0:
-		return storage.EvictionPolicy{MaxPercent: b.percent}
-	}
-	return storage.EvictionPolicy{MaxPercent: storage.DefaultMaxPercent}
-}
 
 // pinnedDigests returns the resolver of the pin list's blobs, as the store
 // holds them when eviction asks.
@@ -106,7 +41,7 @@ const evictionInterval = time.Minute
 // A command (seed, import, export: background false) evicts only with an
 // explicit max_size, and only to make room: it must not take away, on a
 // disk filled by other things, what a site cannot fetch again.
-func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, reg prometheus.Registerer, log *slog.Logger, background bool) (wait func(), err error) {
+func startEviction(ctx context.Context, cfg config.File, store *storage.Store, reg prometheus.Registerer, log *slog.Logger, background bool) (wait func(), err error) {
 	var pins []imageref.Ref
 	for _, s := range cfg.Pin {
 		p, err := imageref.Parse(s)
@@ -121,14 +56,14 @@ func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, re
 		offline = offline || u.Offline
 	}
 	switch {
-	case offline && !bound.set:
+	case offline && !bound.IsSet():
 		// What is evicted offline could not be fetched again.
-		bound = storeBound{off: true, set: true}
+		bound = config.Unbounded()
 		log.Info("an upstream is offline: nothing is evicted unless max_size is set")
-	case !background && !bound.set:
-		bound = storeBound{off: true, set: true}
+	case !background && !bound.IsSet():
+		bound = config.Unbounded()
 	}
-	policy := bound.policy()
+	policy := bound.Policy()
 	policy.Pinned = pinnedDigests(store, pins)
 	store.SetEviction(policy)
 	for _, m := range []prometheus.Collector{
@@ -160,7 +95,7 @@ func startEviction(ctx context.Context, cfg fileConfig, store *storage.Store, re
 	}
 	bytes, blobs := store.Usage()
 	log.Info("store bound", "max_size", bound.String(), "pinned_images", len(pins), "store_bytes", bytes, "store_blobs", blobs)
-	if bound.off || !background {
+	if bound.IsOff() || !background {
 		return func() {}, nil
 	}
 	done := make(chan struct{})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -74,8 +75,8 @@ func forgetHandler(ups []*upstream.Registry, log *slog.Logger) http.Handler {
 func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("forget", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var af archiveFlags
-	af.register(fs)
+	var af config.CommandFlags
+	af.Register(fs)
 	var admin adminFlags
 	admin.register(fs, "forget")
 	fs.Usage = func() {
@@ -96,7 +97,7 @@ func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("forget: %q is not a digest: %w", arg, err)
 		}
 	}
-	cfg, err := af.config()
+	cfg, err := af.Load()
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
@@ -36,8 +37,8 @@ import (
 func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("import", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var af archiveFlags
-	af.register(fs)
+	var af config.CommandFlags
+	af.Register(fs)
 	var admin adminFlags
 	admin.register(fs, "import")
 	retag := fs.Bool("retag", false, "record the archive's tags and repositories even for upstreams that are online (configured, not offline: true)")
@@ -59,7 +60,7 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.Usage()
 		return errors.New("import: no archive given")
 	}
-	cfg, err := af.config()
+	cfg, err := af.Load()
 	if err != nil {
 		return err
 	}

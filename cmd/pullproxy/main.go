@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/proxy"
 	"github.com/pullproxy/pullproxy/storage"
 )
@@ -108,21 +109,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return fmt.Errorf("unknown command %q", args[0])
 }
 
-// upstreamFlags collects repeated --upstream flags.
-type upstreamFlags []upstreamConfig
-
-func (f *upstreamFlags) String() string { return "" }
-func (f *upstreamFlags) Set(v string) error {
-	u, err := parseUpstreamFlag(v)
-	if err != nil {
-		return err
-	}
-	*f = append(*f, u)
-	return nil
-}
-
 // serveConfig reads the configuration: defaults, then the file, then flags.
-func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
+func serveConfig(args []string, stderr io.Writer) (config.File, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "", "address to serve the registry API on (default 127.0.0.1:5000)")
@@ -134,17 +122,17 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	adminTokenFile := fs.String("admin-token-file", "", "the bearer token a TCP admin endpoint requires (default DATA-DIR/admin.token, created mode 0600)")
 	offline := fs.Bool("offline", false, "never contact an upstream: serve what the store holds (an air-gapped site)")
 	maxSize := fs.String("max-size", "", "bound on the store: a size (100GiB), a percentage of the data dir's file system (80%), or off (default 85%)")
-	var ups upstreamFlags
+	var ups config.UpstreamFlags
 	fs.Var(&ups, "upstream", "NAME=URL[,URL...]: mirror registry NAME from these endpoints (repeatable)")
 	if err := fs.Parse(args); err != nil {
-		return fileConfig{}, err
+		return config.File{}, err
 	}
 	if fs.NArg() > 0 {
-		return fileConfig{}, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
+		return config.File{}, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
 	}
-	cfg := defaultConfig()
+	cfg := config.Default()
 	if *configPath != "" {
-		if err := loadConfigFile(*configPath, &cfg); err != nil {
+		if err := config.LoadFile(*configPath, &cfg); err != nil {
 			return cfg, err
 		}
 	}
@@ -167,18 +155,18 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 		cfg.AdminTokenFile = *adminTokenFile
 	}
 	if *maxSize != "" {
-		b, err := parseStoreBound(*maxSize)
+		b, err := config.ParseStoreBound(*maxSize)
 		if err != nil {
 			return cfg, fmt.Errorf("--max-size: %w", err)
 		}
 		cfg.MaxSize = b
 	}
 	cfg.CPUProfile = *cpuProfile
-	cfg.Upstreams = withDefaultUpstreams(mergeUpstreams(cfg.Upstreams, ups))
-	return cfg, cfg.validate()
+	cfg.Upstreams = config.WithDefaultUpstreams(config.MergeUpstreams(cfg.Upstreams, ups))
+	return cfg, cfg.Validate()
 }
 
-func newLogger(cfg fileConfig, w io.Writer) (*slog.Logger, error) {
+func newLogger(cfg config.File, w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", cfg.LogLevel)
@@ -223,7 +211,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer m.Close()
 	srv, names, maxConns := m.srv, m.names, m.maxConns
-	listenTLS, err := cfg.TLS.serverTLS(log)
+	listenTLS, err := cfg.TLS.ServerTLS(log)
 	if err != nil {
 		return err
 	}
@@ -245,13 +233,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	stopAdmin := func(context.Context) {}
-	adminLn, err := listenAdmin(adminAddress(cfg))
+	adminLn, err := listenAdmin(cfg.AdminAddress())
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	if adminLn != nil {
-		admin, err := startAdmin(m, adminLn, cfg.DataDir, adminTokenFile(cfg), log)
+		admin, err := startAdmin(m, adminLn, cfg.DataDir, cfg.AdminTokenPath(), log)
 		if err != nil {
 			adminLn.Close()
 			ln.Close()

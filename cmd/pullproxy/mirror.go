@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/proxy"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/bucket"
@@ -44,7 +45,7 @@ func (m *mirror) Close() {
 // openMirror opens cfg's data dir, sets its eviction bound, and builds the
 // server over cfg's upstreams. background starts the scrub and the evictor
 // too (a server's work, not a command's).
-func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLog *proxy.RequestLog, background bool) (_ *mirror, err error) {
+func openMirror(ctx context.Context, cfg config.File, log *slog.Logger, requestLog *proxy.RequestLog, background bool) (_ *mirror, err error) {
 	m := &mirror{reg: prometheus.NewRegistry()}
 	defer func() {
 		if err != nil {
@@ -90,8 +91,8 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 
 	var served proxy.Store = store
 	var shared proxy.SharedBlobs
-	if cfg.Storage.shared() {
-		b, err := bucket.Open(ctx, cfg.Storage.bucketConfig(), bucket.WithLogger(log), bucket.WithMetrics(reg))
+	if cfg.Storage.Shared() {
+		b, err := bucket.Open(ctx, cfg.Storage.BucketConfig(), bucket.WithLogger(log), bucket.WithMetrics(reg))
 		if err != nil {
 			class, fix := bucket.Diagnose(err)
 			return nil, fmt.Errorf("opening the shared bucket: %s: %w (fix: %s; pullproxy doctor checks it)", class, err, fix)
@@ -139,7 +140,7 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 			m.names = append(m.names, u.Name+"=offline")
 			continue
 		}
-		r, err := newRegistry(u, nil, log, upMetrics, transport, cfg.Fetch.options())
+		r, err := newRegistry(u, nil, log, upMetrics, transport, cfg.Fetch.Options())
 		if err != nil {
 			return nil, err
 		}
@@ -158,12 +159,12 @@ func openMirror(ctx context.Context, cfg fileConfig, log *slog.Logger, requestLo
 
 // newRegistry builds upstream u's client over its endpoints, or over urls
 // when given (one endpoint at a time, for doctor).
-func newRegistry(u upstreamConfig, urls []string, log *slog.Logger, m *upstream.Metrics, transport *http.Transport, fetch upstream.FetchConfig) (*upstream.Registry, error) {
-	creds, err := u.Auth.credentials(u.Name, log, m)
+func newRegistry(u config.Upstream, urls []string, log *slog.Logger, m *upstream.Metrics, transport *http.Transport, fetch upstream.FetchConfig) (*upstream.Registry, error) {
+	creds, err := u.Auth.Credentials(u.Name, log, m)
 	if err != nil {
 		return nil, err
 	}
-	tlsCfg, err := u.tlsConfig(log)
+	tlsCfg, err := u.TLSConfig(log)
 	if err != nil {
 		return nil, err
 	}

@@ -21,6 +21,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -60,8 +61,8 @@ func probe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	insecure := fs.Bool("insecure", false, "accept any TLS certificate (a lab only)")
 	var headers headerFlags
 	fs.Var(&headers, "header", "NAME: VALUE sent with each request (repeatable), e.g. an Authorization")
-	var af archiveFlags
-	af.register(fs)
+	var af config.CommandFlags
+	af.Register(fs)
 	platform := fs.String("platform", "linux/"+hostArch(), "for a REF: the platform whose largest layer is read")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "usage: pullproxy probe URL|REF [--sessions N] [--bytes SIZE] [--compare URL2|REF2] [--json]\n\n"+
@@ -86,7 +87,7 @@ func probe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// A target is a URL, read as it is, or an image reference, whose
 	// largest layer is read from its upstream's first endpoint.
 	sessionsOf := make([]func(context.Context) upstream.SessionResult, len(targets))
-	n, err := parseByteSize(*bytesFlag)
+	n, err := config.ParseByteSize(*bytesFlag)
 	if err != nil || n < 0 {
 		return fmt.Errorf("probe: --bytes %q: want a size", *bytesFlag)
 	}
@@ -239,16 +240,16 @@ func (h *headerFlags) Set(v string) error {
 // probeImage resolves an image reference to its largest layer (for
 // platform) on its configured upstream, and returns a session reading it
 // from the upstream's first endpoint with the upstream's credentials.
-func probeImage(ctx context.Context, af archiveFlags, ref, platform string, client *http.Client, opts upstream.ProbeOptions) (func(context.Context) upstream.SessionResult, error) {
+func probeImage(ctx context.Context, af config.CommandFlags, ref, platform string, client *http.Client, opts upstream.ProbeOptions) (func(context.Context) upstream.SessionResult, error) {
 	img, err := imageref.Parse(ref)
 	if err != nil {
 		return nil, fmt.Errorf("probe: %q is neither an http(s) URL nor an image reference: %w", ref, err)
 	}
-	cfg, err := af.config()
+	cfg, err := af.Load()
 	if err != nil {
 		return nil, err
 	}
-	up := cfg.upstream(img.Upstream)
+	up := cfg.Upstream(img.Upstream)
 	if up == nil || len(up.Endpoints) == 0 {
 		return nil, fmt.Errorf("probe: %s is not a configured upstream (--config, --upstream)", img.Upstream)
 	}
@@ -256,7 +257,7 @@ func probeImage(ctx context.Context, af archiveFlags, ref, platform string, clie
 	if err != nil {
 		return nil, err
 	}
-	reg, err := newRegistry(*up, []string{up.Endpoints[0].URL}, slog.New(slog.DiscardHandler), m, upstream.NewTransport(), cfg.Fetch.options())
+	reg, err := newRegistry(*up, []string{up.Endpoints[0].URL}, slog.New(slog.DiscardHandler), m, upstream.NewTransport(), cfg.Fetch.Options())
 	if err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/proxy"
@@ -35,8 +36,8 @@ type seedRequest struct {
 func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("seed", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var af archiveFlags
-	af.register(fs)
+	var af config.CommandFlags
+	af.Register(fs)
 	var admin adminFlags
 	admin.register(fs, "seed")
 	platforms := fs.String("platform", "", "os/arch[/variant],... of an index's images to seed, or all (default: this machine's, linux/"+hostArch()+")")
@@ -71,7 +72,7 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		req.Platforms = strings.Split(*platforms, ",")
 	}
-	cfg, err := af.config()
+	cfg, err := af.Load()
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -65,15 +66,15 @@ func printBucketStatus(ctx context.Context, server adminTarget, stdout io.Writer
 func status(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var af archiveFlags
-	af.register(fs)
+	var af config.CommandFlags
+	af.Register(fs)
 	var admin adminFlags
 	admin.register(fs, "read the state")
 	asJSON := fs.Bool("json", false, "print JSON, as /debug/upstreams answers")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := af.config()
+	cfg, err := af.Load()
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"runtime"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 )
@@ -58,9 +59,9 @@ func verify(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args); err != nil {
 		return &exitError{code: verifyFailed, err: err}
 	}
-	cfg := defaultConfig()
+	cfg := config.Default()
 	if *configPath != "" {
-		if err := loadConfigFile(*configPath, &cfg); err != nil {
+		if err := config.LoadFile(*configPath, &cfg); err != nil {
 			return &exitError{code: verifyFailed, err: err}
 		}
 	}

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"crypto/tls"
@@ -11,8 +11,8 @@ import (
 	"time"
 )
 
-// listenTLSConfig is the listener's TLS, off when CertFile is empty.
-type listenTLSConfig struct {
+// ListenTLS is the listener's TLS, off when CertFile is empty.
+type ListenTLS struct {
 	CertFile string `yaml:"cert_file"` // PEM certificate chain
 	KeyFile  string `yaml:"key_file"`  // PEM private key
 	// ClientCAFile, when set, requires every client to present a
@@ -21,7 +21,7 @@ type listenTLSConfig struct {
 }
 
 // serverTLS returns the listener's TLS settings, or nil for plain HTTP.
-func (c listenTLSConfig) serverTLS(log *slog.Logger) (*tls.Config, error) {
+func (c ListenTLS) ServerTLS(log *slog.Logger) (*tls.Config, error) {
 	if c.CertFile == "" && c.KeyFile == "" && c.ClientCAFile == "" {
 		return nil, nil
 	}

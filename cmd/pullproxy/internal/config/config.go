@@ -1,4 +1,9 @@
-package main
+// Package config is pullproxy's configuration: the YAML file, its
+// defaults and validation, the flags the commands share and how they
+// override the file, and the listener's TLS. The other packages of the
+// command take what they need from a File; proxy, storage and upstream
+// never see YAML.
+package config
 
 import (
 	"bytes"
@@ -23,31 +28,31 @@ import (
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
-// fileConfig is the YAML configuration file. Every field is optional; the
+// File is the YAML configuration file. Every field is optional; the
 // README documents it with an example.
-type fileConfig struct {
-	Listen          string           `yaml:"listen"`
-	DataDir         string           `yaml:"data_dir"`
-	LogLevel        string           `yaml:"log_level"`
-	LogFormat       string           `yaml:"log_format"`
-	TagTTL          *time.Duration   `yaml:"tag_ttl"`
-	NotFoundTTL     *time.Duration   `yaml:"not_found_ttl"` // how long an upstream's 404 is answered from memory
-	FetchTimeout    *time.Duration   `yaml:"fetch_timeout"`
-	SendTimeout     *time.Duration   `yaml:"send_timeout"`           // a client taking no bytes of a blob for this long is dropped
-	MaxClientConns  int              `yaml:"max_client_connections"` // 0: from the descriptor limit
-	AllowClients    []string         `yaml:"allow_clients"`          // addresses and networks that may connect; empty: any
-	TLS             listenTLSConfig  `yaml:"tls"`                    // the listener's; off without cert_file
-	DefaultUpstream string           `yaml:"default_upstream"`
-	BlobLoop        *bool            `yaml:"blob_loop"`
-	ScrubRate       *byteSize        `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
-	ScrubInterval   *time.Duration   `yaml:"scrub_interval"` // from one scrub pass's start to the next's
-	Offline         bool             `yaml:"offline"`        // never contact an upstream: serve what the store holds
-	AdminListen     string           `yaml:"admin_listen"`   // seeds and imports into the running server: unix:/path, a loopback host:port, or off; default unix:DATA_DIR/admin.sock
-	MaxSize         storeBound       `yaml:"max_size"`       // a size, a percentage of the file system, or off; default 85%
-	Pin             []string         `yaml:"pin"`            // images never evicted
-	Fetch           fetchConfig      `yaml:"fetch"`
-	Storage         storageConfig    `yaml:"storage"` // type s3: replicas sharing a bucket
-	Upstreams       []upstreamConfig `yaml:"upstreams"`
+type File struct {
+	Listen          string         `yaml:"listen"`
+	DataDir         string         `yaml:"data_dir"`
+	LogLevel        string         `yaml:"log_level"`
+	LogFormat       string         `yaml:"log_format"`
+	TagTTL          *time.Duration `yaml:"tag_ttl"`
+	NotFoundTTL     *time.Duration `yaml:"not_found_ttl"` // how long an upstream's 404 is answered from memory
+	FetchTimeout    *time.Duration `yaml:"fetch_timeout"`
+	SendTimeout     *time.Duration `yaml:"send_timeout"`           // a client taking no bytes of a blob for this long is dropped
+	MaxClientConns  int            `yaml:"max_client_connections"` // 0: from the descriptor limit
+	AllowClients    []string       `yaml:"allow_clients"`          // addresses and networks that may connect; empty: any
+	TLS             ListenTLS      `yaml:"tls"`                    // the listener's; off without cert_file
+	DefaultUpstream string         `yaml:"default_upstream"`
+	BlobLoop        *bool          `yaml:"blob_loop"`
+	ScrubRate       *ByteSize      `yaml:"scrub_rate"`     // bytes/s the background re-hashing reads; 0: off
+	ScrubInterval   *time.Duration `yaml:"scrub_interval"` // from one scrub pass's start to the next's
+	Offline         bool           `yaml:"offline"`        // never contact an upstream: serve what the store holds
+	AdminListen     string         `yaml:"admin_listen"`   // seeds and imports into the running server: unix:/path, a loopback host:port, or off; default unix:DATA_DIR/admin.sock
+	MaxSize         StoreBound     `yaml:"max_size"`       // a size, a percentage of the file system, or off; default 85%
+	Pin             []string       `yaml:"pin"`            // images never evicted
+	Fetch           Fetch          `yaml:"fetch"`
+	Storage         Storage        `yaml:"storage"` // type s3: replicas sharing a bucket
+	Upstreams       []Upstream     `yaml:"upstreams"`
 
 	// AdminTokenFile holds the bearer token a TCP admin_listen requires;
 	// default DATA_DIR/admin.token, created mode 0600.
@@ -58,20 +63,21 @@ type fileConfig struct {
 	CPUProfile string `yaml:"-"`
 }
 
-// fetchConfig tunes blob fetching; zero values take upstream.FetchConfig's defaults.
-type fetchConfig struct {
-	ConnectionBudget    byteSize      `yaml:"connection_budget"`
-	MaxConnectionBudget byteSize      `yaml:"max_connection_budget"`
-	MinConnectionBudget byteSize      `yaml:"min_connection_budget"`
+// Fetch tunes blob fetching; zero values take upstream.FetchConfig's defaults.
+type Fetch struct {
+	ConnectionBudget    ByteSize      `yaml:"connection_budget"`
+	MaxConnectionBudget ByteSize      `yaml:"max_connection_budget"`
+	MinConnectionBudget ByteSize      `yaml:"min_connection_budget"`
 	ParallelChunks      int           `yaml:"parallel_chunks"`
 	MaxConnections      int           `yaml:"max_connections"`
 	StallTimeout        time.Duration `yaml:"stall_timeout"`
 	FirstByteTimeout    time.Duration `yaml:"first_byte_timeout"`
 	MaxAttempts         int           `yaml:"max_attempts"`
-	MinGoodput          byteSize      `yaml:"min_goodput"` // per second; -1: none
+	MinGoodput          ByteSize      `yaml:"min_goodput"` // per second; -1: none
 }
 
-func (f fetchConfig) options() upstream.FetchConfig {
+// Options is the fetch tuning as upstream takes it.
+func (f Fetch) Options() upstream.FetchConfig {
 	return upstream.FetchConfig{
 		ConnectionBudget:    int64(f.ConnectionBudget),
 		MaxConnectionBudget: int64(f.MaxConnectionBudget),
@@ -85,10 +91,10 @@ func (f fetchConfig) options() upstream.FetchConfig {
 	}
 }
 
-// storageConfig says where blobs and metadata are shared. The local data
+// Storage says where blobs and metadata are shared. The local data
 // dir is always used: alone (type local, the default), or as each
 // replica's cache in front of a bucket the replicas share (type s3).
-type storageConfig struct {
+type Storage struct {
 	Type         string        `yaml:"type"` // local | s3
 	Bucket       string        `yaml:"bucket"`
 	Endpoint     string        `yaml:"endpoint"` // an S3-compatible server (MinIO, Ceph RGW); empty: AWS S3
@@ -97,19 +103,21 @@ type storageConfig struct {
 	PathStyle    bool          `yaml:"path_style"`
 	Serve        string        `yaml:"serve"`         // cache: through the replica; redirect: presigned URLs to the bucket
 	LeaseTTL     time.Duration `yaml:"lease_ttl"`     // a download whose replica stops renewing its lease this long is taken over
-	PartSize     byteSize      `yaml:"part_size"`     // uploads go up in parts of this size
+	PartSize     ByteSize      `yaml:"part_size"`     // uploads go up in parts of this size
 	StaleUploads time.Duration `yaml:"stale_uploads"` // uploads untouched this long are removed
 }
 
-func (c storageConfig) shared() bool { return c.Type == "s3" }
+// Shared tells whether replicas share a bucket.
+func (c Storage) Shared() bool { return c.Type == "s3" }
 
-func (c storageConfig) bucketConfig() bucket.Config {
+// BucketConfig is the shared bucket's settings, as bucket takes them.
+func (c Storage) BucketConfig() bucket.Config {
 	return bucket.Config{Bucket: c.Bucket, Endpoint: c.Endpoint, Region: c.Region, Prefix: c.Prefix,
 		PathStyle: c.PathStyle, Redirect: c.Serve == "redirect", LeaseTTL: c.LeaseTTL,
 		PartSize: int64(c.PartSize), StaleUploads: c.StaleUploads}
 }
 
-func (c storageConfig) validate() error {
+func (c Storage) validate() error {
 	switch c.Type {
 	case "", "local":
 		if c.Bucket != "" {
@@ -141,20 +149,22 @@ func (c storageConfig) validate() error {
 	return errors.Join(errs...)
 }
 
-// byteSize is a size in bytes, written as a number or with a unit: 1MiB,
+// ByteSize is a size in bytes, written as a number or with a unit: 1MiB,
 // 64MiB, 512KiB, 1MB.
-type byteSize int64
+type ByteSize int64
 
-func (b *byteSize) UnmarshalYAML(n *yaml.Node) error {
-	v, err := parseByteSize(n.Value)
+func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
+	v, err := ParseByteSize(n.Value)
 	if err != nil {
 		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
-	*b = byteSize(v)
+	*b = ByteSize(v)
 	return nil
 }
 
-func parseByteSize(s string) (int64, error) {
+// ParseByteSize reads a size: a number of bytes, optionally with KiB,
+// MiB, GiB, KB, MB or GB; "-1" is returned as -1 (none).
+func ParseByteSize(s string) (int64, error) {
 	if strings.TrimSpace(s) == "-1" {
 		return -1, nil // "none", where a setting takes it; refused elsewhere
 	}
@@ -176,10 +186,11 @@ func parseByteSize(s string) (int64, error) {
 	return n * mult, nil
 }
 
-type upstreamConfig struct {
-	Name      string           `yaml:"name"`
-	Endpoints []endpointConfig `yaml:"endpoints"`
-	Auth      authConfig       `yaml:"auth"`
+// Upstream is a registry pullproxy mirrors.
+type Upstream struct {
+	Name      string     `yaml:"name"`
+	Endpoints []Endpoint `yaml:"endpoints"`
+	Auth      Auth       `yaml:"auth"`
 	// CAFile is a PEM bundle of CAs trusted for this upstream, besides the
 	// system's (a private registry's own CA).
 	CAFile string `yaml:"ca_file"`
@@ -201,7 +212,7 @@ type upstreamConfig struct {
 }
 
 // tlsConfig returns the upstream's TLS settings, or nil for the defaults.
-func (u upstreamConfig) tlsConfig(log *slog.Logger) (*tls.Config, error) {
+func (u Upstream) TLSConfig(log *slog.Logger) (*tls.Config, error) {
 	if u.CAFile == "" && !u.InsecureSkipVerify {
 		return nil, nil
 	}
@@ -228,13 +239,14 @@ func (u upstreamConfig) tlsConfig(log *slog.Logger) (*tls.Config, error) {
 	return cfg, nil
 }
 
-type endpointConfig struct {
+// Endpoint is one URL an upstream is reached at.
+type Endpoint struct {
 	URL    string `yaml:"url"`
 	Region string `yaml:"region"` // overrides the region read from the host (ECR)
 }
 
-// authConfig is how an upstream authenticates. See the README for examples.
-type authConfig struct {
+// Auth is how an upstream authenticates. See the README for examples.
+type Auth struct {
 	Type         string `yaml:"type"`          // anonymous (default) | basic | dockerconfig | ecr
 	Username     string `yaml:"username"`      // basic
 	Password     string `yaml:"password"`      // basic
@@ -244,7 +256,7 @@ type authConfig struct {
 }
 
 // credentials builds the upstream's credentials; nil means anonymous.
-func (a authConfig) credentials(upstreamName string, log *slog.Logger, m *upstream.Metrics) (upstream.Credentials, error) {
+func (a Auth) Credentials(upstreamName string, log *slog.Logger, m *upstream.Metrics) (upstream.Credentials, error) {
 	switch a.Type {
 	case "", "anonymous":
 		return nil, nil
@@ -289,11 +301,11 @@ func (a authConfig) credentials(upstreamName string, log *slog.Logger, m *upstre
 	return nil, fmt.Errorf("upstream %s: auth type %q: want anonymous, basic, dockerconfig or ecr", upstreamName, a.Type)
 }
 
-// defaultConfig is what pullproxy runs with when nothing is configured.
-func defaultConfig() fileConfig {
+// Default is what pullproxy runs with when nothing is configured.
+func Default() File {
 	ttl, notFoundTTL, timeout, sendTimeout, loop := 5*time.Minute, 5*time.Second, time.Hour, time.Minute, true
-	scrubRate, scrubInterval := byteSize(16<<20), 24*time.Hour
-	return fileConfig{
+	scrubRate, scrubInterval := ByteSize(16<<20), 24*time.Hour
+	return File{
 		Listen:        "127.0.0.1:5000",
 		DataDir:       "./data",
 		LogLevel:      "info",
@@ -308,9 +320,9 @@ func defaultConfig() fileConfig {
 	}
 }
 
-// loadConfigFile reads path over cfg. Unknown keys are errors: a misspelt key
+// LoadFile reads path over cfg. Unknown keys are errors: a misspelt key
 // silently ignored is a mirror silently misconfigured.
-func loadConfigFile(path string, cfg *fileConfig) error {
+func LoadFile(path string, cfg *File) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("reading config: %w", err)
@@ -324,22 +336,22 @@ func loadConfigFile(path string, cfg *fileConfig) error {
 }
 
 // parseUpstreamFlag parses --upstream NAME=URL[,URL...].
-func parseUpstreamFlag(v string) (upstreamConfig, error) {
+func parseUpstreamFlag(v string) (Upstream, error) {
 	name, urls, ok := strings.Cut(v, "=")
 	if !ok || name == "" || urls == "" {
-		return upstreamConfig{}, fmt.Errorf("--upstream %q: want NAME=URL[,URL...], e.g. docker.io=https://registry-1.docker.io", v)
+		return Upstream{}, fmt.Errorf("--upstream %q: want NAME=URL[,URL...], e.g. docker.io=https://registry-1.docker.io", v)
 	}
-	u := upstreamConfig{Name: name}
+	u := Upstream{Name: name}
 	for _, url := range strings.Split(urls, ",") {
-		u.Endpoints = append(u.Endpoints, endpointConfig{URL: strings.TrimSpace(url)})
+		u.Endpoints = append(u.Endpoints, Endpoint{URL: strings.TrimSpace(url)})
 	}
 	return u, nil
 }
 
-// mergeUpstreams applies --upstream flags over the file's upstreams: a flag
+// MergeUpstreams applies --upstream flags over the file's upstreams: a flag
 // replaces the endpoints of the upstream of the same name, or adds one.
-func mergeUpstreams(file, flags []upstreamConfig) []upstreamConfig {
-	out := append([]upstreamConfig(nil), file...)
+func MergeUpstreams(file, flags []Upstream) []Upstream {
+	out := append([]Upstream(nil), file...)
 	for _, f := range flags {
 		replaced := false
 		for i := range out {
@@ -354,18 +366,19 @@ func mergeUpstreams(file, flags []upstreamConfig) []upstreamConfig {
 	return out
 }
 
-// withDefaultUpstreams fills in the public registries when none are configured.
-func withDefaultUpstreams(ups []upstreamConfig) []upstreamConfig {
+// WithDefaultUpstreams fills in the public registries when none are configured.
+func WithDefaultUpstreams(ups []Upstream) []Upstream {
 	if len(ups) > 0 {
 		return ups
 	}
 	for _, d := range upstream.Defaults() {
-		ups = append(ups, upstreamConfig{Name: d.Name, Endpoints: []endpointConfig{{URL: d.URL}}})
+		ups = append(ups, Upstream{Name: d.Name, Endpoints: []Endpoint{{URL: d.URL}}})
 	}
 	return ups
 }
 
-func (c *fileConfig) validate() error {
+// Validate checks the configuration as a whole: every error found, joined.
+func (c *File) Validate() error {
 	var errs []error
 	seen := map[string]bool{}
 	for i, u := range c.Upstreams {
@@ -423,6 +436,7 @@ func (c *fileConfig) validate() error {
 	return errors.Join(errs...)
 }
 
+// hostOf is rawURL's host[:port], or "".
 func hostOf(rawURL string) string {
 	if u, err := url.Parse(rawURL); err == nil {
 		return u.Host
@@ -431,11 +445,35 @@ func hostOf(rawURL string) string {
 }
 
 // upstream returns the configured upstream of canonical name name, or nil.
-func (c *fileConfig) upstream(name string) *upstreamConfig {
+func (c *File) Upstream(name string) *Upstream {
 	for i := range c.Upstreams {
 		if upstream.CanonicalName(c.Upstreams[i].Name) == name {
 			return &c.Upstreams[i]
 		}
 	}
 	return nil
+}
+
+// adminSocketName is the default socket's name in the data dir.
+const adminSocketName = "admin.sock"
+
+// adminTokenName is the default token file's name in the data dir.
+const adminTokenName = "admin.token"
+
+// AdminAddress returns where the admin endpoint listens: "off",
+// "unix:/path", or a TCP host:port; by default the socket in the data dir.
+func (c File) AdminAddress() string {
+	if c.AdminListen == "" {
+		return "unix:" + filepath.Join(c.DataDir, adminSocketName)
+	}
+	return c.AdminListen
+}
+
+// AdminTokenPath returns the file holding the admin endpoint's token; by
+// default in the data dir.
+func (c File) AdminTokenPath() string {
+	if c.AdminTokenFile != "" {
+		return c.AdminTokenFile
+	}
+	return filepath.Join(c.DataDir, adminTokenName)
 }

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"crypto/ecdsa"
@@ -8,12 +8,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
@@ -82,7 +82,7 @@ func (ca *testCA) issue(t *testing.T, certFile, keyFile string, serial int64, us
 	return pair
 }
 
-// TestListenerTLS: pullproxy serves HTTPS with the configured certificate,
+// TestListenerTLS: the listener serves HTTPS with the configured certificate,
 // requires client certificates signed by the configured CA, and serves a
 // renewed certificate once its files change, without a restart.
 func TestListenerTLS(t *testing.T) {
@@ -99,8 +99,22 @@ func TestListenerTLS(t *testing.T) {
 	if err := os.WriteFile(config, []byte("tls:\n  cert_file: "+certFile+"\n  key_file: "+keyFile+"\n  client_ca_file: "+caFile+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	p := startProxy(t, "--config", config, "--data-dir", filepath.Join(dir, "data"))
-	url := strings.Replace(p.URL, "http://", "https://", 1) + "/v2/"
+	cfg := Default()
+	if err := LoadFile(config, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	serverTLS, err := cfg.TLS.ServerTLS(slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), ReadHeaderTimeout: 10 * time.Second}
+	go hs.Serve(tls.NewListener(ln, serverTLS))
+	t.Cleanup(func() { hs.Close() })
+	url := "https://" + ln.Addr().String() + "/v2/"
 
 	get := func(certs ...tls.Certificate) (*http.Response, error) {
 		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.pool, Certificates: certs}}
