@@ -24,6 +24,7 @@ import (
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -199,7 +200,7 @@ type adminServer struct {
 
 // startAdmin serves the admin endpoint of m on ln, guarded for its kind
 // of listener: on TCP, with the token in tokenFile.
-func startAdmin(m *mirror, ln net.Listener, dataDir, tokenFile string, log *slog.Logger) (*adminServer, error) {
+func startAdmin(m *mirror.Mirror, ln net.Listener, dataDir, tokenFile string, log *slog.Logger) (*adminServer, error) {
 	guard := &adminGuard{next: adminHandler(m, dataDir, log)}
 	if _, ok := ln.Addr().(*net.TCPAddr); ok {
 		tok, err := adminToken(tokenFile)
@@ -302,12 +303,12 @@ func uploadFits(store *storage.Store, dataDir string, size int64) error {
 }
 
 // adminHandler serves the admin endpoint over m, whose data dir is dataDir.
-func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
-	srv := m.srv
+func adminHandler(m *mirror.Mirror, dataDir string, log *slog.Logger) http.Handler {
+	srv := m.Server
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /debug/upstreams", func(w http.ResponseWriter, r *http.Request) {
 		st := []upstream.Status{}
-		for _, u := range m.upstreams {
+		for _, u := range m.Upstreams {
 			st = append(st, u.Status())
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -315,7 +316,7 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 		enc.SetIndent("", "  ")
 		enc.Encode(st)
 	})
-	mux.Handle("POST /forget", forgetHandler(m.upstreams, log))
+	mux.Handle("POST /forget", forgetHandler(m.Upstreams, log))
 	mux.HandleFunc("GET /debug/bucket", serveBucketHealth(m))
 	mux.HandleFunc("GET /export", func(w http.ResponseWriter, r *http.Request) {
 		var pins []imageref.Ref
@@ -364,7 +365,7 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 			http.Error(w, "import: send the archive with a Content-Length", http.StatusLengthRequired)
 			return
 		}
-		if err := uploadFits(m.store, dataDir, r.ContentLength); err != nil {
+		if err := uploadFits(m.Store, dataDir, r.ContentLength); err != nil {
 			http.Error(w, "import: "+err.Error(), http.StatusRequestEntityTooLarge)
 			return
 		}
@@ -397,7 +398,7 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 		fmt.Fprintln(w, "done")
 	})
 	mux.HandleFunc("POST /seed", func(w http.ResponseWriter, r *http.Request) {
-		var req seedRequest
+		var req mirror.SeedRequest
 		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil || len(req.Refs) == 0 {
 			http.Error(w, "want JSON: {\"refs\": [...], \"platforms\": [...], \"referrers\": bool}", http.StatusBadRequest)
 			return
@@ -408,7 +409,7 @@ func adminHandler(m *mirror, dataDir string, log *slog.Logger) http.Handler {
 		// The client reads the progress as it comes; a seed takes longer
 		// than any write timeout.
 		fw.rc.SetWriteDeadline(time.Time{})
-		if err := seedImages(r.Context(), srv, req, fw, false); err != nil {
+		if err := m.Seed(r.Context(), req, fw, false); err != nil {
 			fmt.Fprintln(fw, err)
 			return
 		}

@@ -29,6 +29,7 @@ import (
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -36,13 +37,13 @@ import (
 
 // openCommandMirror opens the data dir for a command, quietly: the
 // command's output says what it does.
-func openCommandMirror(ctx context.Context, cfg config.File, stderr io.Writer) (*mirror, error) {
+func openCommandMirror(ctx context.Context, cfg config.File, stderr io.Writer) (*mirror.Mirror, error) {
 	log, err := newLogger(cfg, stderr)
 	if err != nil {
 		return nil, err
 	}
 	log = slog.New(levelFloor{log.Handler(), slog.LevelWarn})
-	m, err := openMirror(ctx, cfg, log, nil, false)
+	m, err := mirror.Open(ctx, cfg, log, nil, false)
 	if errors.Is(err, storage.ErrInUse) {
 		return nil, fmt.Errorf("%w; stop the server first", err)
 	}
@@ -107,7 +108,7 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer m.Close()
 	err = fsutil.WriteFileFunc(*out, func(w io.Writer) error {
-		return exportImages(ctx, m.srv, pins, filepath.Dir(*out), w, stdout, progress.IsTerminal(stdout))
+		return exportImages(ctx, m.Server, pins, filepath.Dir(*out), w, stdout, progress.IsTerminal(stdout))
 	})
 	if err != nil {
 		return fmt.Errorf("export: %w", err)

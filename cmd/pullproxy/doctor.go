@@ -25,6 +25,7 @@ import (
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -194,7 +195,7 @@ func (d *doctorRun) run(ctx context.Context, ref string) {
 	}
 	fetch := d.cfg.Fetch.Options()
 	fetch.MaxAttempts = 2 // a diagnosis, not a pull: say quickly
-	reg, err := newRegistry(*up, nil, log, m, upstream.NewTransport(), fetch)
+	reg, err := mirror.NewRegistry(*up, nil, log, m, upstream.NewTransport(), fetch)
 	if err != nil {
 		d.fail("credentials", err.Error(), "configuration", "fix the upstream's auth", "here")
 		return
@@ -381,7 +382,7 @@ func (d *doctorRun) replicas(ctx context.Context, up config.Upstream, m *upstrea
 	}
 	log := slog.New(slog.DiscardHandler)
 	for _, e := range up.Endpoints {
-		r, err := newRegistry(up, []string{e.URL}, log, m, upstream.NewTransport(), fetch)
+		r, err := mirror.NewRegistry(up, []string{e.URL}, log, m, upstream.NewTransport(), fetch)
 		if err != nil {
 			continue
 		}

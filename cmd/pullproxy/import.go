@@ -26,6 +26,7 @@ import (
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 )
@@ -132,12 +133,12 @@ type importer struct {
 
 // newImporter returns the importer of file into m's store: tags of m's
 // online upstreams are moved only when retag.
-func newImporter(m *mirror, file string, retag bool) *importer {
+func newImporter(m *mirror.Mirror, file string, retag bool) *importer {
 	online := map[string]bool{}
-	for _, u := range m.upstreams {
+	for _, u := range m.Upstreams {
 		online[u.Name()] = true
 	}
-	return &importer{store: m.store, file: file, mayRetag: func(up string) bool { return retag || !online[up] }}
+	return &importer{store: m.Store, file: file, mayRetag: func(up string) bool { return retag || !online[up] }}
 }
 
 type repoKey struct{ upstream, repo string }

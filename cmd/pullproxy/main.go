@@ -20,8 +20,8 @@ import (
 	"time"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/proxy"
-	"github.com/pullproxy/pullproxy/storage"
 )
 
 // shutdownGrace bounds how long responses in progress may take to finish
@@ -205,12 +205,12 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		defer stop()
 	}
 
-	m, err := openMirror(ctx, cfg, log, requestLog, true)
+	m, err := mirror.Open(ctx, cfg, log, requestLog, true)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	srv, names, maxConns := m.srv, m.names, m.maxConns
+	srv, names, maxConns := m.Server, m.Names, m.MaxConns
 	listenTLS, err := cfg.TLS.ServerTLS(log)
 	if err != nil {
 		return err
@@ -302,48 +302,4 @@ func startCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
-}
-
-// maxClientConnectionsCap is the most client connections allowed by
-// default, however high the descriptor limit.
-const maxClientConnectionsCap = 16384
-
-// scrubDelay is how long after start the first scrub pass waits: a mirror
-// just started is often filling, and a pass is no hurry.
-const scrubDelay = 10 * time.Minute
-
-// runScrubs runs a scrub pass every interval (from one start to the next)
-// until ctx ends, and logs what each found.
-func runScrubs(ctx context.Context, sc *storage.Scrubber, interval time.Duration, log *slog.Logger) {
-	next := time.Now().Add(scrubDelay)
-	for {
-		t := time.NewTimer(time.Until(next))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		start := time.Now()
-		next = start.Add(interval)
-		st, err := sc.Scrub(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			log.Warn("scrub pass failed", "err", err, "blobs", st.Blobs, "bytes", st.Bytes)
-			continue
-		}
-		log.Info("scrub pass done", "blobs", st.Blobs, "bytes", st.Bytes, "damaged", st.Damaged,
-			"took", time.Since(start).Round(time.Second))
-	}
-}
-
-// deref is *p, or the zero value for nil.
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

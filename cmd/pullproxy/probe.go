@@ -23,6 +23,7 @@ import (
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -257,7 +258,7 @@ func probeImage(ctx context.Context, af config.CommandFlags, ref, platform strin
 	if err != nil {
 		return nil, err
 	}
-	reg, err := newRegistry(*up, []string{up.Endpoints[0].URL}, slog.New(slog.DiscardHandler), m, upstream.NewTransport(), cfg.Fetch.Options())
+	reg, err := mirror.NewRegistry(*up, []string{up.Endpoints[0].URL}, slog.New(slog.DiscardHandler), m, upstream.NewTransport(), cfg.Fetch.Options())
 	if err != nil {
 		return nil, err
 	}

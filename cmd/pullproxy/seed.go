@@ -14,21 +14,12 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"time"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
-	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
-	"github.com/pullproxy/pullproxy/proxy"
 	"github.com/pullproxy/pullproxy/storage"
 )
-
-// seedRequest is what seed asks of a running server's admin endpoint.
-type seedRequest struct {
-	Refs      []string `json:"refs"`
-	Platforms []string `json:"platforms,omitempty"`
-	Referrers bool     `json:"referrers,omitempty"`
-}
 
 // seed runs `pullproxy seed`: it fetches images into the store before they
 // are needed, on a data dir no server runs on, or through a running
@@ -64,7 +55,7 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return errors.New("seed: no image given")
 	}
-	req := seedRequest{Refs: refs, Referrers: *referrers}
+	req := mirror.SeedRequest{Refs: refs, Referrers: *referrers}
 	switch *platforms {
 	case "all":
 	case "":
@@ -96,46 +87,12 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer m.Close()
-	return seedImages(ctx, m.srv, req, stdout, progress.IsTerminal(stdout))
-}
-
-// seedImages seeds each image of req into srv's store, reporting progress
-// to out: a line redrawn in place on a terminal, else a line now and then.
-func seedImages(ctx context.Context, srv *proxy.Server, req seedRequest, out io.Writer, terminal bool) error {
-	failed := 0
-	for _, ref := range req.Refs {
-		img, err := imageref.Parse(ref)
-		if err != nil {
-			fmt.Fprintf(out, "error %s: %v\n", ref, err)
-			failed++
-			continue
-		}
-		seeded := &proxy.SeedProgress{}
-		start := time.Now()
-		report := progress.Start(out, terminal, "seeding "+ref, func() (int64, int64, string) {
-			return seeded.BytesDone.Load(), seeded.BytesTotal.Load(),
-				fmt.Sprintf("blobs %d/%d", seeded.BlobsDone.Load(), seeded.BlobsTotal.Load())
-		})
-		d, err := srv.Seed(ctx, img.Upstream, img.Repo, img.Ref, proxy.SeedOptions{
-			Platforms: req.Platforms, Referrers: req.Referrers, Progress: seeded})
-		report.End()
-		if err != nil {
-			fmt.Fprintf(out, "error %s: %v\n", ref, err)
-			failed++
-			continue
-		}
-		fmt.Fprintf(out, "seeded %s %s: %d blobs, %s in %s\n", ref, d, seeded.BlobsDone.Load(),
-			progress.Bytes(seeded.BytesTotal.Load()), time.Since(start).Round(time.Millisecond))
-	}
-	if failed > 0 {
-		return fmt.Errorf("seed: %d of %d images failed", failed, len(req.Refs))
-	}
-	return nil
+	return m.Seed(ctx, req, stdout, progress.IsTerminal(stdout))
 }
 
 // seedThroughServer asks a running server's admin endpoint to seed, and
 // copies what it reports to out.
-func seedThroughServer(ctx context.Context, server adminTarget, req seedRequest, out io.Writer) error {
+func seedThroughServer(ctx context.Context, server adminTarget, req mirror.SeedRequest, out io.Writer) error {
 	body, _ := json.Marshal(req)
 	resp, err := adminCall(ctx, server, http.MethodPost, "/seed", "application/json", bytes.NewReader(body))
 	if err != nil {

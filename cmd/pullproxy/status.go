@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -24,11 +25,11 @@ type bucketStatus struct {
 }
 
 // serveBucketHealth answers GET /debug/bucket for m.
-func serveBucketHealth(m *mirror) http.HandlerFunc {
+func serveBucketHealth(m *mirror.Mirror) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		st := bucketStatus{}
-		if m.bucket != nil {
-			st = bucketStatus{Shared: true, Health: m.bucket.Health()}
+		if m.Bucket != nil {
+			st = bucketStatus{Shared: true, Health: m.Bucket.Health()}
 		}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)

@@ -1,5 +1,5 @@
 //go:build !unix
 
-package main
+package mirror
 
 func defaultMaxClientConnections() int { return maxClientConnectionsCap }

@@ -1,4 +1,8 @@
-package main
+// Package mirror opens a data dir with its upstreams and the registry
+// server over them, as serve runs it and as seed, import and export use it
+// when no server runs on the data dir: the store and its eviction bound,
+// the background scrub, the shared bucket, and each upstream's client.
+package mirror
 
 import (
 	"context"
@@ -20,33 +24,34 @@ import (
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
-// mirror is a data dir opened with its upstreams and the registry server
+// Mirror is a data dir opened with its upstreams and the registry server
 // over them: what serve listens with, and what seed and import work on
 // when no server runs on the data dir.
-type mirror struct {
-	store     *storage.Store
-	srv       *proxy.Server
-	reg       *prometheus.Registry
-	names     []string             // upstreams, as logged: name=endpoints
-	upstreams []*upstream.Registry // the online ones, for their live state
-	bucket    *bucket.Bucket       // the shared bucket, when replicas share one
-	maxConns  int
-	closers   []func() // run in reverse by Close
+type Mirror struct {
+	Store     *storage.Store
+	Server    *proxy.Server
+	Names     []string             // upstreams, as logged: name=endpoints
+	Upstreams []*upstream.Registry // the online ones, for their live state
+	Bucket    *bucket.Bucket       // the shared bucket, when replicas share one; nil: none
+	MaxConns  int                  // client connections the server allows
+
+	reg     *prometheus.Registry
+	closers []func() // run in reverse by Close
 }
 
-// Close stops what openMirror started: the server's downloads, the
+// Close stops what Open started: the server's downloads, the
 // background work, then the store.
-func (m *mirror) Close() {
+func (m *Mirror) Close() {
 	for i := len(m.closers) - 1; i >= 0; i-- {
 		m.closers[i]()
 	}
 }
 
-// openMirror opens cfg's data dir, sets its eviction bound, and builds the
+// Open opens cfg's data dir, sets its eviction bound, and builds the
 // server over cfg's upstreams. background starts the scrub and the evictor
 // too (a server's work, not a command's).
-func openMirror(ctx context.Context, cfg config.File, log *slog.Logger, requestLog *proxy.RequestLog, background bool) (_ *mirror, err error) {
-	m := &mirror{reg: prometheus.NewRegistry()}
+func Open(ctx context.Context, cfg config.File, log *slog.Logger, requestLog *proxy.RequestLog, background bool) (_ *Mirror, err error) {
+	m := &Mirror{reg: prometheus.NewRegistry()}
 	defer func() {
 		if err != nil {
 			m.Close()
@@ -62,7 +67,7 @@ func openMirror(ctx context.Context, cfg config.File, log *slog.Logger, requestL
 	if err != nil {
 		return nil, err
 	}
-	m.store = store
+	m.Store = store
 	m.closers = append(m.closers, func() { store.Close() })
 	removeLeftovers(cfg.DataDir, log)
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_store_damaged_blobs_total",
@@ -97,7 +102,7 @@ func openMirror(ctx context.Context, cfg config.File, log *slog.Logger, requestL
 			class, fix := bucket.Diagnose(err)
 			return nil, fmt.Errorf("opening the shared bucket: %s: %w (fix: %s; pullproxy doctor checks it)", class, err, fix)
 		}
-		served, shared, m.bucket = bucket.NewStore(store, b), b, b
+		served, shared, m.Bucket = bucket.NewStore(store, b), b, b
 		m.closers = append(m.closers, b.Close) // after the server's downloads and the janitor end
 		if background {
 			janitorCtx, stopJanitor := context.WithCancel(ctx)
@@ -111,9 +116,9 @@ func openMirror(ctx context.Context, cfg config.File, log *slog.Logger, requestL
 	}
 
 	clients, _ := proxy.ParseClientList(cfg.AllowClients) // checked by validate
-	m.maxConns = cfg.MaxClientConns
-	if m.maxConns == 0 {
-		m.maxConns = defaultMaxClientConnections()
+	m.MaxConns = cfg.MaxClientConns
+	if m.MaxConns == 0 {
+		m.MaxConns = defaultMaxClientConnections()
 	}
 	opts := []proxy.Option{
 		proxy.WithStore(served),
@@ -125,7 +130,7 @@ func openMirror(ctx context.Context, cfg config.File, log *slog.Logger, requestL
 		proxy.WithNotFoundTTL(deref(cfg.NotFoundTTL)),
 		proxy.WithFetchTimeout(*cfg.FetchTimeout),
 		proxy.WithSendTimeout(deref(cfg.SendTimeout)),
-		proxy.WithMaxClientConnections(m.maxConns),
+		proxy.WithMaxClientConnections(m.MaxConns),
 		proxy.WithAllowedClients(clients),
 		proxy.WithBlobLoop(*cfg.BlobLoop),
 	}
@@ -137,29 +142,29 @@ func openMirror(ctx context.Context, cfg config.File, log *slog.Logger, requestL
 		upClients, _ := proxy.ParseClientList(u.AllowClients) // checked by validate
 		if cfg.Offline || u.Offline {
 			opts = append(opts, proxy.WithUpstream(proxy.Offline(u.Name)), proxy.WithUpstreamAllowedClients(u.Name, upClients))
-			m.names = append(m.names, u.Name+"=offline")
+			m.Names = append(m.Names, u.Name+"=offline")
 			continue
 		}
-		r, err := newRegistry(u, nil, log, upMetrics, transport, cfg.Fetch.Options())
+		r, err := NewRegistry(u, nil, log, upMetrics, transport, cfg.Fetch.Options())
 		if err != nil {
 			return nil, err
 		}
 		opts = append(opts, proxy.WithUpstream(r), proxy.WithUpstreamAllowedClients(u.Name, upClients))
-		m.upstreams = append(m.upstreams, r)
-		m.names = append(m.names, u.Name+"="+strings.Join(r.Endpoints(), ","))
+		m.Upstreams = append(m.Upstreams, r)
+		m.Names = append(m.Names, u.Name+"="+strings.Join(r.Endpoints(), ","))
 	}
 	srv, err := proxy.New(opts...)
 	if err != nil {
 		return nil, err
 	}
-	m.srv = srv
+	m.Server = srv
 	m.closers = append(m.closers, func() { srv.Close() })
 	return m, nil
 }
 
-// newRegistry builds upstream u's client over its endpoints, or over urls
+// NewRegistry builds upstream u's client over its endpoints, or over urls
 // when given (one endpoint at a time, for doctor).
-func newRegistry(u config.Upstream, urls []string, log *slog.Logger, m *upstream.Metrics, transport *http.Transport, fetch upstream.FetchConfig) (*upstream.Registry, error) {
+func NewRegistry(u config.Upstream, urls []string, log *slog.Logger, m *upstream.Metrics, transport *http.Transport, fetch upstream.FetchConfig) (*upstream.Registry, error) {
 	creds, err := u.Auth.Credentials(u.Name, log, m)
 	if err != nil {
 		return nil, err
@@ -201,4 +206,17 @@ func removeLeftovers(dataDir string, log *slog.Logger) {
 			}
 		}
 	}
+}
+
+// maxClientConnectionsCap is the most client connections allowed by
+// default, however high the descriptor limit.
+const maxClientConnectionsCap = 16384
+
+// deref is *p, or the zero value for nil.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
