@@ -22,6 +22,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/archive"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
@@ -342,7 +343,7 @@ func adminHandler(m *mirror.Mirror, dataDir string, log *slog.Logger) http.Handl
 		}
 		defer os.Remove(tmp.Name())
 		defer tmp.Close()
-		if err := exportImages(r.Context(), srv, pins, dataDir, tmp, io.Discard, false); err != nil {
+		if err := archive.Export(r.Context(), srv, pins, dataDir, tmp, io.Discard, false); err != nil {
 			http.Error(w, "export: "+err.Error(), http.StatusBadGateway)
 			return
 		}
@@ -389,12 +390,12 @@ func adminHandler(m *mirror.Mirror, dataDir string, log *slog.Logger) http.Handl
 		}
 		log.Info("importing through the admin endpoint", "archive", name)
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		imp := newImporter(m, tmp.Name(), r.URL.Query().Get("retag") == "1")
-		if err := imp.run(r.Context(), dataDir); err != nil {
+		imp := archive.NewImporter(m, tmp.Name(), r.URL.Query().Get("retag") == "1")
+		if err := imp.Run(r.Context()); err != nil {
 			fmt.Fprintf(w, "error %s: %v\n", name, err)
 			return
 		}
-		imp.report(w, name)
+		imp.Report(w, name)
 		fmt.Fprintln(w, "done")
 	})
 	mux.HandleFunc("POST /seed", func(w http.ResponseWriter, r *http.Request) {

@@ -1,4 +1,4 @@
-package main
+package archive
 
 import (
 	"archive/tar"
@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/archivetest"
 )
 
 // TestExtractBounds: an archive is indexed, never unpacked, and an entry
@@ -45,8 +47,8 @@ func TestExtractBounds(t *testing.T) {
 		want    string // in the error; "" for none
 	}{
 		{name: "regular entries", archive: whole, read: "blobs/a"},
-		{name: "PAX sparse", archive: cat(paxSparseEntry("blobs/a", data, 600<<20), end), want: "sparse"},
-		{name: "old GNU sparse", archive: cat(gnuSparseEntry("blobs/a", data, 600<<20), end), want: "sparse"},
+		{name: "PAX sparse", archive: cat(archivetest.PAXSparseEntry("blobs/a", data, 600<<20), end), want: "sparse"},
+		{name: "old GNU sparse", archive: cat(archivetest.GNUSparseEntry("blobs/a", data, 600<<20), end), want: "sparse"},
 		{name: "a name outside", archive: cat(regular("../a", data), end), want: "outside"},
 		{name: "an absolute name", archive: cat(regular("/etc/a", data), end), want: "outside"},
 		{name: "a device", archive: cat(header(&tar.Header{Typeflag: tar.TypeChar, Name: "dev", Mode: 0o644}), end), want: "no place"},

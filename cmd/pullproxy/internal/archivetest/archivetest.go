@@ -1,4 +1,8 @@
-package main
+// Package archivetest builds image archives for tests: OCI image layouts
+// whose manifests may claim what they like, and the sparse tar entries
+// that tar.Writer does not write, as hostile or careless producers make
+// them.
+package archivetest
 
 import (
 	"archive/tar"
@@ -14,25 +18,26 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
-// layoutArchive builds an OCI image-layout tar whose manifests may claim
+// Layout builds an OCI image-layout tar whose manifests may claim
 // what they like: the archives a hostile or careless producer writes.
-type layoutArchive struct {
+type Layout struct {
 	raw   bytes.Buffer // entries written so far
 	tw    *tar.Writer
 	names map[string]bool
 	index ocispec.Index
 }
 
-func newLayoutArchive() *layoutArchive {
-	a := &layoutArchive{names: map[string]bool{}, index: ocispec.Index{MediaType: ocispec.MediaTypeImageIndex}}
+// NewLayout starts an empty image layout.
+func NewLayout() *Layout {
+	a := &Layout{names: map[string]bool{}, index: ocispec.Index{MediaType: ocispec.MediaTypeImageIndex}}
 	a.index.SchemaVersion = 2
 	a.tw = tar.NewWriter(&a.raw)
-	a.file("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`))
+	a.File("oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`))
 	return a
 }
 
-// file adds a regular entry.
-func (a *layoutArchive) file(name string, b []byte) {
+// File adds a regular entry.
+func (a *Layout) File(name string, b []byte) {
 	if a.names[name] {
 		return
 	}
@@ -42,49 +47,54 @@ func (a *layoutArchive) file(name string, b []byte) {
 	a.tw.Flush()
 }
 
-// blob adds b as a blob and returns its true descriptor.
-func (a *layoutArchive) blob(mediaType string, b []byte) ocispec.Descriptor {
+// Blob adds b as a blob and returns its true descriptor.
+func (a *Layout) Blob(mediaType string, b []byte) ocispec.Descriptor {
 	d := digest.FromBytes(b)
-	a.file(blobEntryName(d), b)
+	a.File(BlobEntryName(d), b)
 	return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: int64(len(b))}
 }
 
-// sparseBlob adds a blob of size bytes, data then zeros, as a PAX sparse
+// SparseBlob adds a blob of size bytes, data then zeros, as a PAX sparse
 // entry carrying data alone.
-func (a *layoutArchive) sparseBlob(mediaType string, data []byte, size int64) ocispec.Descriptor {
+func (a *Layout) SparseBlob(mediaType string, data []byte, size int64) ocispec.Descriptor {
 	whole := append(bytes.Clone(data), make([]byte, size-int64(len(data)))...)
 	d := digest.FromBytes(whole)
-	a.raw.Write(paxSparseEntry(blobEntryName(d), data, size))
+	a.raw.Write(PAXSparseEntry(BlobEntryName(d), data, size))
 	return ocispec.Descriptor{MediaType: mediaType, Digest: d, Size: size}
 }
 
-// image adds an image of layers, tagged ref, and returns its manifest's
+// Image adds an image of layers, tagged ref, and returns its manifest's
 // descriptor.
-func (a *layoutArchive) image(ref string, seed uint64, layers ...ocispec.Descriptor) ocispec.Descriptor {
-	cfg := a.blob(ocispec.MediaTypeImageConfig, []byte(fmt.Sprintf(
+func (a *Layout) Image(ref string, seed uint64, layers ...ocispec.Descriptor) ocispec.Descriptor {
+	cfg := a.Blob(ocispec.MediaTypeImageConfig, []byte(fmt.Sprintf(
 		`{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]},"comment":"%d"}`, seed)))
 	m := ocispec.Manifest{MediaType: ocispec.MediaTypeImageManifest, Config: cfg, Layers: layers}
 	m.SchemaVersion = 2
 	raw, _ := json.Marshal(m)
-	desc := a.blob(ocispec.MediaTypeImageManifest, raw)
+	desc := a.Blob(ocispec.MediaTypeImageManifest, raw)
 	desc.Annotations = map[string]string{ocispec.AnnotationRefName: ref}
 	a.index.Manifests = append(a.index.Manifests, desc)
 	return desc
 }
 
-// write writes the archive to path.
-func (a *layoutArchive) write(t *testing.T, path string) {
+// Write writes the archive to path.
+func (a *Layout) Write(t testing.TB, path string) {
 	t.Helper()
 	idx, _ := json.Marshal(a.index)
-	a.file("index.json", idx)
+	a.File("index.json", idx)
 	a.tw.Close()
 	if err := os.WriteFile(path, a.raw.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// layerBytes returns n reproducible incompressible bytes.
-func layerBytes(seed uint64, n int) []byte {
+// BlobEntryName is where an image layout holds blob d.
+func BlobEntryName(d digest.Digest) string {
+	return "blobs/" + string(d.Algorithm()) + "/" + d.Encoded()
+}
+
+// LayerBytes returns n reproducible incompressible bytes.
+func LayerBytes(seed uint64, n int) []byte {
 	b := make([]byte, n)
 	r := rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16)})
 	r.Read(b)
@@ -133,9 +143,9 @@ func paxRecord(k, v string) string {
 	}
 }
 
-// paxSparseEntry is a PAX (GNU 1.0) sparse entry named name of size
+// PAXSparseEntry is a PAX (GNU 1.0) sparse entry named name of size
 // bytes: data, then a hole.
-func paxSparseEntry(name string, data []byte, size int64) []byte {
+func PAXSparseEntry(name string, data []byte, size int64) []byte {
 	recs := paxRecord("GNU.sparse.major", "1") + paxRecord("GNU.sparse.minor", "0") +
 		paxRecord("GNU.sparse.name", name) + paxRecord("GNU.sparse.realsize", strconv.FormatInt(size, 10))
 	out := checksummed(ustarBlock("PaxHeaders/sparse", int64(len(recs)), tar.TypeXHeader, false))
@@ -145,9 +155,9 @@ func paxSparseEntry(name string, data []byte, size int64) []byte {
 	return append(out, padBlock(body)...)
 }
 
-// gnuSparseEntry is an old-GNU sparse entry (type S) of size bytes:
+// GNUSparseEntry is an old-GNU sparse entry (type S) of size bytes:
 // data, then a hole.
-func gnuSparseEntry(name string, data []byte, size int64) []byte {
+func GNUSparseEntry(name string, data []byte, size int64) []byte {
 	h := ustarBlock(name, int64(len(data)), tar.TypeGNUSparse, true)
 	copy(h[386:398], fmt.Sprintf("%011o\x00", 0))
 	copy(h[398:410], fmt.Sprintf("%011o\x00", len(data)))
