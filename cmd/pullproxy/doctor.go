@@ -22,6 +22,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
@@ -64,8 +65,8 @@ func doctor(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	af.Register(fs)
 	platform := fs.String("platform", "linux/"+hostArch(), "the platform a node pulls")
 	asJSON := fs.Bool("json", false, "print JSON")
-	var admin adminFlags
-	admin.register(fs, "read the live state of the path (cut rates)")
+	var endpoint admin.Flags
+	endpoint.Register(fs, "read the live state of the path (cut rates)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "usage: pullproxy doctor REF [--platform os/arch] [--json] [--config FILE] [--server ADDR]\n\n"+
 			"Walks the pull of REF (docker.io/library/alpine:3.20) against its configured upstream: DNS, TCP,\n"+
@@ -85,7 +86,8 @@ func doctor(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return &exitError{code: doctorCannotRun, err: err}
 	}
-	d := &doctorRun{cfg: cfg, platform: *platform, server: doctorAdmin(admin, cfg)}
+	server, serverErr := doctorAdmin(endpoint, cfg)
+	d := &doctorRun{cfg: cfg, platform: *platform, server: server, serverErr: serverErr}
 	d.run(ctx, fs.Arg(0))
 	d.bucket(ctx)
 	if *asJSON {
@@ -128,11 +130,12 @@ func whereWords(where string) string {
 
 // doctorRun is one doctor's walk.
 type doctorRun struct {
-	cfg      config.File
-	platform string
-	server   *adminTarget // a running server's admin endpoint; nil: none
-	steps    []doctorStep
-	metrics  *prometheus.Registry
+	cfg       config.File
+	platform  string
+	server    *admin.Target // a running server's admin endpoint; nil: none
+	serverErr error         // why the admin endpoint named cannot be called
+	steps     []doctorStep
+	metrics   *prometheus.Registry
 	// imageBlobs are the config and layers of the image walked.
 	imageBlobs map[digest.Digest]bool
 	// space reads a file system's free and total bytes; nil: fsutil.Space.
@@ -472,19 +475,20 @@ func (d *doctorRun) blobs(ctx context.Context, reg *upstream.Registry, img image
 
 // doctorAdmin returns the admin endpoint doctor reads the path's live
 // state from: --server, or the socket of a server running on the data
-// dir; nil when there is none.
-func doctorAdmin(admin adminFlags, cfg config.File) *adminTarget {
-	if admin.server == "" {
+// dir; nil when there is none. The error says why the endpoint named
+// cannot be called.
+func doctorAdmin(endpoint admin.Flags, cfg config.File) (*admin.Target, error) {
+	if endpoint.Server == "" {
 		path, ok := strings.CutPrefix(cfg.AdminAddress(), "unix:")
 		if fi, err := os.Lstat(path); !ok || err != nil || fi.Mode()&os.ModeSocket == 0 {
-			return nil
+			return nil, nil
 		}
 	}
-	t, err := admin.target(cfg)
+	t, err := endpoint.Target(cfg)
 	if err != nil {
-		return &adminTarget{err: err}
+		return nil, err
 	}
-	return &t
+	return &t, nil
 }
 
 // pathCutPercent is the share of recent chunks cut from which doctor
@@ -496,15 +500,15 @@ const pathCutPercent = 10
 // path reports the live cut rates of the upstream's endpoints, from a
 // running server.
 func (d *doctorRun) path(ctx context.Context, name string) {
+	if d.serverErr != nil {
+		d.warn("path", d.serverErr.Error(), "no live state", "the admin endpoint cannot be reached as given", "here")
+		return
+	}
 	if d.server == nil {
 		d.skip("path", "give --server (the admin endpoint) for the fetcher's live cut rates, or run pullproxy probe")
 		return
 	}
-	if d.server.err != nil {
-		d.warn("path", d.server.err.Error(), "no live state", "the admin endpoint cannot be reached as given", "here")
-		return
-	}
-	resp, err := adminCall(ctx, *d.server, http.MethodGet, "/debug/upstreams", "", nil)
+	resp, err := admin.Call(ctx, *d.server, http.MethodGet, "/debug/upstreams", "", nil)
 	if err != nil {
 		d.warn("path", err.Error(), "no live state", "the admin endpoint does not answer", "here")
 		return
@@ -607,4 +611,22 @@ func gaugeValue(reg *prometheus.Registry, metric, name string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// corrupt adds doctor's steps for the blobs an upstream's endpoints served
+// corrupt lately: a failure when the image being walked needs the blob.
+func (d *doctorRun) corrupt(entries []upstream.CorruptStatus, now time.Time) {
+	for _, c := range entries {
+		step := "blob " + c.Digest.String() + " from " + c.Endpoint
+		detail := fmt.Sprintf("served corrupt %d time(s) in a row (%s); not asked for it again before %s",
+			c.Failures, c.LastError, c.RetryAt.Format(time.TimeOnly))
+		if !c.RetryAt.After(now) {
+			detail = fmt.Sprintf("served corrupt %d time(s) in a row (%s); asked for it again at the next pull", c.Failures, c.LastError)
+		}
+		if d.imageBlobs[c.Digest] {
+			d.fail(step, detail, "served corrupt", upstream.CorruptFix(c.Digest), "upstream")
+		} else {
+			d.warn(step, detail, "served corrupt", upstream.CorruptFix(c.Digest), "upstream")
+		}
+	}
 }

@@ -7,11 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/url"
 	"path/filepath"
-	"sync/atomic"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/archive"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
@@ -45,8 +43,8 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var af config.CommandFlags
 	af.Register(fs)
 	out := fs.String("o", "", "the archive to write (an OCI image layout as a tar)")
-	var admin adminFlags
-	admin.register(fs, "export")
+	var endpoint admin.Flags
+	endpoint.Register(fs, "export")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "usage: pullproxy export -o FILE.tar [--data-dir DIR | --config FILE | --server ADDR] REF...\n\n"+
 			"Writes an OCI image-layout archive of the images, every platform, from the store (fetching what\n"+
@@ -73,22 +71,22 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if admin.server != "" {
-		target, err := admin.target(cfg)
+	if endpoint.Server != "" {
+		target, err := endpoint.Target(cfg)
 		if err != nil {
 			return fmt.Errorf("export: %w", err)
 		}
-		return exportThroughServer(ctx, target, fs.Args(), *out, stdout)
+		return admin.Export(ctx, target, fs.Args(), *out, stdout)
 	}
 	cfg.Upstreams = withStoreOnlyUpstreams(cfg.Upstreams, pins)
 	m, err := openCommandMirror(ctx, cfg, stderr)
 	if errors.Is(err, storage.ErrInUse) {
 		// A server runs on the data dir: through its admin endpoint.
-		target, terr := admin.target(cfg)
+		target, terr := endpoint.Target(cfg)
 		if terr != nil {
 			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
 		}
-		return exportThroughServer(ctx, target, fs.Args(), *out, stdout)
+		return admin.Export(ctx, target, fs.Args(), *out, stdout)
 	}
 	if err != nil {
 		return err
@@ -119,29 +117,4 @@ func withStoreOnlyUpstreams(ups []config.Upstream, pins []imageref.Ref) []config
 		}
 	}
 	return ups
-}
-
-// exportThroughServer asks a running server's admin endpoint for the
-// archive, and writes it to out.
-func exportThroughServer(ctx context.Context, server adminTarget, refs []string, out string, stdout io.Writer) error {
-	q := url.Values{"ref": refs}
-	resp, err := adminCall(ctx, server, http.MethodGet, "/export?"+q.Encode(), "", nil)
-	if err != nil {
-		return fmt.Errorf("export: %w", err)
-	}
-	defer resp.Body.Close()
-	var got atomic.Int64
-	report := progress.Start(stdout, progress.IsTerminal(stdout), "exporting", func() (int64, int64, string) { return got.Load(), 0, "" })
-	err = fsutil.WriteFileFunc(out, func(w io.Writer) error {
-		_, err := io.Copy(w, progress.CountingReader{R: resp.Body, N: &got})
-		return err
-	})
-	report.End()
-	if err != nil {
-		return fmt.Errorf("export: %w", err)
-	}
-	// The server says what it exported in a trailer-free way: the
-	// archive's index names each image.
-	fmt.Fprintf(stdout, "wrote %s (%s)\n", out, progress.Bytes(got.Load()))
-	return nil
 }

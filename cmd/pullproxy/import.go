@@ -6,12 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
-	"strings"
-	"syscall"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/archive"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
@@ -27,8 +24,8 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	fs.SetOutput(stderr)
 	var af config.CommandFlags
 	af.Register(fs)
-	var admin adminFlags
-	admin.register(fs, "import")
+	var endpoint admin.Flags
+	endpoint.Register(fs, "import")
 	retag := fs.Bool("retag", false, "record the archive's tags and repositories even for upstreams that are online (configured, not offline: true)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server ADDR] [--retag] FILE.tar...\n\n"+
@@ -52,21 +49,21 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	if err != nil {
 		return err
 	}
-	if admin.server != "" {
-		target, err := admin.target(cfg)
+	if endpoint.Server != "" {
+		target, err := endpoint.Target(cfg)
 		if err != nil {
 			return fmt.Errorf("import: %w", err)
 		}
-		return importThroughServer(ctx, target, fs.Args(), *retag, stdout)
+		return admin.Import(ctx, target, fs.Args(), *retag, stdout)
 	}
 	m, err := openCommandMirror(ctx, cfg, stderr)
 	if errors.Is(err, storage.ErrInUse) {
 		// A server runs on the data dir: through its admin endpoint.
-		target, terr := admin.target(cfg)
+		target, terr := endpoint.Target(cfg)
 		if terr != nil {
 			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
 		}
-		return importThroughServer(ctx, target, fs.Args(), *retag, stdout)
+		return admin.Import(ctx, target, fs.Args(), *retag, stdout)
 	}
 	if err != nil {
 		return err
@@ -93,69 +90,6 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	if failed > 0 {
 		return fmt.Errorf("import: %d of %d archives refused", failed, fs.NArg())
-	}
-	return nil
-}
-
-// connectionCut tells whether err is the admin endpoint's connection
-// closed before its answer: the server stopped, or the connection broke.
-func connectionCut(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
-}
-
-// cutMessage tells the operator what an import cut off means: a server
-// takes back what an unfinished import added, at the latest when it
-// starts next.
-func cutMessage(err error) string {
-	return fmt.Sprintf("import cancelled: the admin endpoint closed the connection before the import ended (%v); "+
-		"nothing was kept (the server takes back what an unfinished import added, at the latest when it starts next)", err)
-}
-
-// importThroughServer sends each archive to a running server's admin
-// endpoint, and copies what it reports to out.
-func importThroughServer(ctx context.Context, server adminTarget, files []string, retag bool, out io.Writer) error {
-	failed := 0
-	for _, file := range files {
-		f, err := os.Open(file)
-		if err != nil {
-			return fmt.Errorf("import: %w", err)
-		}
-		q := url.Values{"name": {file}}
-		if retag {
-			q.Set("retag", "1")
-		}
-		resp, err := adminCall(ctx, server, http.MethodPost, "/import?"+q.Encode(), "application/x-tar", f)
-		f.Close()
-		if connectionCut(err) {
-			fmt.Fprintf(out, "error %s: %s\n", file, cutMessage(err))
-			failed++
-			continue
-		}
-		if errors.Is(err, errAdminRefused) {
-			fmt.Fprintln(out, err)
-			failed++
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("import: %w", err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		text := strings.TrimSpace(string(body))
-		if err != nil && text == "" {
-			fmt.Fprintf(out, "error %s: %s\n", file, cutMessage(err))
-			failed++
-			continue
-		}
-		if err != nil || !strings.HasSuffix(text, "done") {
-			fmt.Fprintln(out, text)
-			failed++
-			continue
-		}
-		fmt.Fprintln(out, strings.TrimSuffix(text, "done"))
-	}
-	if failed > 0 {
-		return fmt.Errorf("import: %d of %d archives refused", failed, len(files))
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/proxy"
@@ -233,13 +234,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	stopAdmin := func(context.Context) {}
-	adminLn, err := listenAdmin(cfg.AdminAddress())
+	adminLn, err := admin.Listen(cfg.AdminAddress())
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	if adminLn != nil {
-		admin, err := startAdmin(m, adminLn, cfg.DataDir, cfg.AdminTokenPath(), log)
+		adminSrv, err := admin.Start(m, adminLn, cfg.DataDir, cfg.AdminTokenPath(), log)
 		if err != nil {
 			adminLn.Close()
 			ln.Close()
@@ -249,9 +250,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		defer func() {
 			ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 			defer cancel()
-			admin.shutdown(ctx)
+			adminSrv.Shutdown(ctx)
 		}()
-		stopAdmin = admin.shutdown
+		stopAdmin = adminSrv.Shutdown
 		addr := adminLn.Addr().String()
 		if adminLn.Addr().Network() == "unix" {
 			addr = "unix:" + addr

@@ -1,20 +1,17 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"runtime"
 	"strings"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
@@ -29,8 +26,8 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	var af config.CommandFlags
 	af.Register(fs)
-	var admin adminFlags
-	admin.register(fs, "seed")
+	var endpoint admin.Flags
+	endpoint.Register(fs, "seed")
 	platforms := fs.String("platform", "", "os/arch[/variant],... of an index's images to seed, or all (default: this machine's, linux/"+hostArch()+")")
 	referrers := fs.Bool("referrers", false, "seed what refers to the images too (signatures, SBOMs)")
 	file := fs.String("f", "", "a file of references, one per line (# comments)")
@@ -67,52 +64,27 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if admin.server != "" {
-		target, err := admin.target(cfg)
+	if endpoint.Server != "" {
+		target, err := endpoint.Target(cfg)
 		if err != nil {
 			return fmt.Errorf("seed: %w", err)
 		}
-		return seedThroughServer(ctx, target, req, stdout)
+		return admin.Seed(ctx, target, req, stdout)
 	}
 	m, err := openCommandMirror(ctx, cfg, stderr)
 	if errors.Is(err, storage.ErrInUse) {
 		// A server runs on the data dir: through its admin endpoint.
-		target, terr := admin.target(cfg)
+		target, terr := endpoint.Target(cfg)
 		if terr != nil {
 			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
 		}
-		return seedThroughServer(ctx, target, req, stdout)
+		return admin.Seed(ctx, target, req, stdout)
 	}
 	if err != nil {
 		return err
 	}
 	defer m.Close()
 	return m.Seed(ctx, req, stdout, progress.IsTerminal(stdout))
-}
-
-// seedThroughServer asks a running server's admin endpoint to seed, and
-// copies what it reports to out.
-func seedThroughServer(ctx context.Context, server adminTarget, req mirror.SeedRequest, out io.Writer) error {
-	body, _ := json.Marshal(req)
-	resp, err := adminCall(ctx, server, http.MethodPost, "/seed", "application/json", bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("seed: %w", err)
-	}
-	defer resp.Body.Close()
-	ok := false
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "done" {
-			ok = true
-			continue
-		}
-		fmt.Fprintln(out, line)
-	}
-	if !ok {
-		return errors.New("seed: some images failed, or the server stopped before the end")
-	}
-	return nil
 }
 
 // readRefFile reads references, one per line; blank lines and # comments

@@ -1,4 +1,4 @@
-package main
+package admin
 
 import (
 	"bytes"
@@ -23,70 +23,72 @@ import (
 // of the config, with the token from its token file. Never a fixed port:
 // whatever else holds a port would be sent the request, and the token.
 
-// adminTarget is a running server's admin endpoint, as a command reaches it.
-type adminTarget struct {
+// Target is a running server's admin endpoint, as a command reaches it.
+type Target struct {
 	socket string // a unix socket's path; or
 	url    string // http://host:port, with
 	token  string // the bearer token it requires
-	err    error  // why the endpoint named cannot be called, for doctor to report
 }
 
-func (t adminTarget) String() string {
+func (t Target) String() string {
 	if t.socket != "" {
 		return "unix:" + t.socket
 	}
 	return t.url
 }
 
-// adminFlags are the flags of a command that calls the admin endpoint, with
+// Flags are the flags of a command that calls the admin endpoint, with
 // --data-dir and --config (config.CommandFlags): an explicit address, and the
 // token file for a TCP one.
-type adminFlags struct {
-	server, tokenFile string
+type Flags struct {
+	Server    string // --server: the endpoint's address, when given
+	TokenFile string // --admin-token-file
 }
 
-func (a *adminFlags) register(fs *flag.FlagSet, what string) {
-	fs.StringVar(&a.server, "server", "", what+" through a running pullproxy's admin endpoint at this address: unix:/path, "+
+// Register adds the flags to fs; what says what the command does through
+// the endpoint.
+func (a *Flags) Register(fs *flag.FlagSet, what string) {
+	fs.StringVar(&a.Server, "server", "", what+" through a running pullproxy's admin endpoint at this address: unix:/path, "+
 		"or http://host:port (default: the one the data dir or config names, when a server runs on it)")
-	fs.StringVar(&a.tokenFile, "admin-token-file", "", "the admin endpoint's token, for a TCP address (default: the config's admin_token_file, or DATA-DIR/admin.token)")
+	fs.StringVar(&a.TokenFile, "admin-token-file", "", "the admin endpoint's token, for a TCP address (default: the config's admin_token_file, or DATA-DIR/admin.token)")
 }
 
-// target returns the admin endpoint to call: --server if given, else the
+// Target returns the admin endpoint to call: --server if given, else the
 // one cfg names.
-func (a *adminFlags) target(cfg config.File) (adminTarget, error) {
-	if a.tokenFile != "" {
-		cfg.AdminTokenFile = a.tokenFile
+func (a *Flags) Target(cfg config.File) (Target, error) {
+	if a.TokenFile != "" {
+		cfg.AdminTokenFile = a.TokenFile
 	}
-	addr := a.server
+	addr := a.Server
 	if addr == "" {
 		addr = cfg.AdminAddress()
 		if addr == "off" {
-			return adminTarget{}, errors.New("the admin endpoint is off (admin_listen: off)")
+			return Target{}, errors.New("the admin endpoint is off (admin_listen: off)")
 		}
 		if _, port, err := net.SplitHostPort(addr); !strings.HasPrefix(addr, "unix:") && (err != nil || port == "0") {
-			return adminTarget{}, fmt.Errorf("admin_listen %s names no port to reach: give --server", addr)
+			return Target{}, fmt.Errorf("admin_listen %s names no port to reach: give --server", addr)
 		}
 		if !strings.HasPrefix(addr, "unix:") {
 			addr = "http://" + addr
 		}
 	}
 	if path, ok := strings.CutPrefix(addr, "unix:"); ok {
-		return adminTarget{socket: path}, nil
+		return Target{socket: path}, nil
 	}
 	u, err := url.Parse(addr)
 	if err != nil || u.Scheme != "http" || u.Host == "" {
-		return adminTarget{}, fmt.Errorf("--server %q: want unix:/path or http://host:port", addr)
+		return Target{}, fmt.Errorf("--server %q: want unix:/path or http://host:port", addr)
 	}
 	file := cfg.AdminTokenPath()
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return adminTarget{}, fmt.Errorf("the admin endpoint's token: %w (give --admin-token-file, or run as the server's user)", err)
+		return Target{}, fmt.Errorf("the admin endpoint's token: %w (give --admin-token-file, or run as the server's user)", err)
 	}
-	return adminTarget{url: strings.TrimSuffix(u.Scheme+"://"+u.Host, "/"), token: string(bytes.TrimSpace(b))}, nil
+	return Target{url: strings.TrimSuffix(u.Scheme+"://"+u.Host, "/"), token: string(bytes.TrimSpace(b))}, nil
 }
 
 // client returns the HTTP client and base URL that reach t.
-func (t adminTarget) client() (*http.Client, string) {
+func (t Target) client() (*http.Client, string) {
 	if t.socket == "" {
 		return http.DefaultClient, t.url
 	}
@@ -98,14 +100,14 @@ func (t adminTarget) client() (*http.Client, string) {
 	}}, "http://pullproxy-admin"
 }
 
-// errAdminRefused: the admin endpoint answered, with a status other than 200.
-var errAdminRefused = errors.New("the admin endpoint refused")
+// ErrRefused: the admin endpoint answered, with a status other than 200.
+var ErrRefused = errors.New("the admin endpoint refused")
 
-// adminCall sends a request to the admin endpoint t and returns its
+// Call sends a request to the admin endpoint t and returns its
 // answer, which is a 200: any other status is an error wrapping
-// errAdminRefused with what the endpoint said. A file body is sent with
+// ErrRefused with what the endpoint said. A file body is sent with
 // its size. The caller closes the body.
-func adminCall(ctx context.Context, t adminTarget, method, pathAndQuery, contentType string, body io.Reader) (*http.Response, error) {
+func Call(ctx context.Context, t Target, method, pathAndQuery, contentType string, body io.Reader) (*http.Response, error) {
 	client, base := t.client()
 	req, err := http.NewRequestWithContext(ctx, method, base+pathAndQuery, body)
 	if err != nil {
@@ -133,7 +135,7 @@ func adminCall(ctx context.Context, t adminTarget, method, pathAndQuery, content
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
-		return nil, fmt.Errorf("%w: %s: %s", errAdminRefused, resp.Status, strings.TrimSpace(string(b)))
+		return nil, fmt.Errorf("%w: %s: %s", ErrRefused, resp.Status, strings.TrimSpace(string(b)))
 	}
 	return resp, nil
 }

@@ -1,4 +1,4 @@
-package main
+package admin
 
 import (
 	"crypto/subtle"
@@ -16,16 +16,16 @@ import (
 // set Authorization without a preflight that nothing here answers. The
 // guard turns away what a browser could forge, before the admin mux.
 
-// adminContentTypes is the content type each admin POST takes: what the
+// contentTypes is the content type each admin POST takes: what the
 // CLI sends. Anything else (a form's text/plain, multipart) is refused.
-var adminContentTypes = map[string]string{
+var contentTypes = map[string]string{
 	"/seed":   "application/json",
 	"/import": "application/x-tar",
 	"/forget": "application/json",
 }
 
-// adminGuard checks each request before next serves it.
-type adminGuard struct {
+// guard checks each request before next serves it.
+type guard struct {
 	next http.Handler
 	// hosts are the Host values the listener answers to; empty on a unix
 	// socket, where any is taken (no browser reaches a socket by name).
@@ -35,7 +35,7 @@ type adminGuard struct {
 	token []byte
 }
 
-func (g *adminGuard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (g *guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Origin") != "" {
 		http.Error(w, "admin endpoint: requests from web pages (with an Origin header) are refused", http.StatusForbidden)
 		return
@@ -53,7 +53,7 @@ func (g *adminGuard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if r.Method == http.MethodPost {
-		want := adminContentTypes[r.URL.Path]
+		want := contentTypes[r.URL.Path]
 		got, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 		if want == "" || got != want {
 			http.Error(w, "admin endpoint: POST "+r.URL.Path+" takes Content-Type "+want, http.StatusUnsupportedMediaType)
@@ -63,9 +63,9 @@ func (g *adminGuard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	g.next.ServeHTTP(w, r)
 }
 
-// adminHosts returns the Host values a TCP listener on addr answers to:
+// listenerHosts returns the Host values a TCP listener on addr answers to:
 // its address, and localhost with its port.
-func adminHosts(addr net.Addr) map[string]bool {
+func listenerHosts(addr net.Addr) map[string]bool {
 	_, port, err := net.SplitHostPort(addr.String())
 	if err != nil {
 		return map[string]bool{strings.ToLower(addr.String()): true}

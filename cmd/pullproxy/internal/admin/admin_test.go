@@ -1,4 +1,4 @@
-package main
+package admin
 
 import (
 	"context"
@@ -21,12 +21,12 @@ import (
 // content type are checked: the socket's mode is the access control.
 func TestAdminGuardRefusesWhatABrowserSends(t *testing.T) {
 	served := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-	tcp := &adminGuard{next: served, hosts: adminHosts(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5001}), token: []byte("s3cret")}
-	socket := &adminGuard{next: served}
+	tcp := &guard{next: served, hosts: listenerHosts(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5001}), token: []byte("s3cret")}
+	socket := &guard{next: served}
 	const auth = "Bearer s3cret"
 	for _, tc := range []struct {
 		name                      string
-		guard                     *adminGuard
+		guard                     *guard
 		method, path, host        string
 		origin, ctype, authHeader string
 		want                      int
@@ -72,7 +72,7 @@ func TestAdminGuardRefusesWhatABrowserSends(t *testing.T) {
 func TestAdminGuardNeverEchoesTheToken(t *testing.T) {
 	const token = "7f3c9a41d2e8b6057f3c9a41d2e8b605"
 	served := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
-	g := &adminGuard{next: served, hosts: adminHosts(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5001}), token: []byte(token)}
+	g := &guard{next: served, hosts: listenerHosts(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5001}), token: []byte(token)}
 	for _, tc := range []struct {
 		name, host, origin, ctype, auth string
 		want                            int
@@ -124,7 +124,7 @@ func TestListenAdminRefuses(t *testing.T) {
 		{"evil.example:5001", "loopback"},
 		{"127.0.0.1", "host:port"},
 	} {
-		ln, err := listenAdmin(tc.addr)
+		ln, err := Listen(tc.addr)
 		if ln != nil {
 			ln.Close()
 		}
@@ -142,7 +142,7 @@ func TestListenAdminRefuses(t *testing.T) {
 func TestListenAdminSocket(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "admin.sock")
-	ln, err := listenAdmin("unix:" + path)
+	ln, err := Listen("unix:" + path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestListenAdminSocket(t *testing.T) {
 		t.Errorf("the directory holds %d entries, want the socket alone", len(entries))
 	}
 	// A live socket is not taken over.
-	if _, err := listenAdmin("unix:" + path); err == nil {
+	if _, err := Listen("unix:" + path); err == nil {
 		t.Error("a second listener took over a live socket")
 	}
 	// A socket no process answers on (left by a killed one) is replaced.
@@ -168,7 +168,7 @@ func TestListenAdminSocket(t *testing.T) {
 	}
 	sl.(*net.UnixListener).SetUnlinkOnClose(false)
 	sl.Close()
-	if ln, err := listenAdmin("unix:" + stale); err != nil {
+	if ln, err := Listen("unix:" + stale); err != nil {
 		t.Errorf("a stale socket: %v, want it replaced", err)
 	} else {
 		ln.Close()
@@ -176,7 +176,7 @@ func TestListenAdminSocket(t *testing.T) {
 	// A regular file is not removed.
 	file := filepath.Join(dir, "file")
 	os.WriteFile(file, []byte("x"), 0o644)
-	if _, err := listenAdmin("unix:" + file); err == nil {
+	if _, err := Listen("unix:" + file); err == nil {
 		t.Error("a regular file was replaced by a socket")
 	}
 	ln.Close()
@@ -187,23 +187,23 @@ func TestListenAdminSocket(t *testing.T) {
 
 func TestAdminToken(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "admin.token")
-	tok, err := adminToken(path)
+	tok, err := readToken(path)
 	if err != nil || len(tok) < 32 {
 		t.Fatalf("created token %d bytes, %v", len(tok), err)
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("token file mode %v, %v; want 0600", fi.Mode().Perm(), err)
 	}
-	again, err := adminToken(path)
+	again, err := readToken(path)
 	if err != nil || string(again) != string(tok) {
 		t.Errorf("reread: %q, %v; want the same token", again, err)
 	}
-	other, _ := adminToken(filepath.Join(t.TempDir(), "admin.token"))
+	other, _ := readToken(filepath.Join(t.TempDir(), "admin.token"))
 	if string(other) == string(tok) {
 		t.Error("two token files hold the same token")
 	}
 	os.Chmod(path, 0o644)
-	if _, err := adminToken(path); err == nil {
+	if _, err := readToken(path); err == nil {
 		t.Error("a token file other users can read was taken")
 	}
 }
@@ -226,7 +226,7 @@ func TestAdminShutdownDrains(t *testing.T) {
 		}
 		returned.Add(1)
 	})
-	a := serveAdmin(ln, h, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	a := serve(ln, h, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	for _, path := range []string{"/stuck", "/stuck"} {
 		go func() {
 			if resp, err := http.Get("http://" + ln.Addr().String() + path); err == nil {
@@ -239,13 +239,13 @@ func TestAdminShutdownDrains(t *testing.T) {
 			t.Fatal("the request did not reach the handler")
 		}
 	}
-	// A tenth of a second to finish, then adminDrainWait to end once
+	// A tenth of a second to finish, then drainWait to end once
 	// cancelled.
-	ctx, cancel := context.WithTimeout(context.Background(), adminDrainWait+100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), drainWait+100*time.Millisecond)
 	defer cancel()
-	a.shutdown(ctx)
+	a.Shutdown(ctx)
 	if n := returned.Load(); n != 2 {
 		t.Errorf("shutdown returned with %d of 2 handlers still running", 2-n)
 	}
-	a.shutdown(ctx) // a second call is a no-op
+	a.Shutdown(ctx) // a second call is a no-op
 }
