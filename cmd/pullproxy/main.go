@@ -88,7 +88,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "seed":
 		return seed(ctx, args[1:], stdout, stderr)
 	case "doctor":
-		return doctor(ctx, args[1:], stdout, stderr)
+		return doctorCommand(ctx, args[1:], stdout, stderr)
 	case "status":
 		return status(ctx, args[1:], stdout, stderr)
 	case "forget":
