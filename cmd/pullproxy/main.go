@@ -21,6 +21,7 @@ import (
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/logbuffer"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/proxy"
 )
@@ -187,13 +188,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	logOut := newLogBuffer(stderr)
+	logOut := logbuffer.New(stderr)
 	defer logOut.Close()
 	log, err := newLogger(cfg, logOut)
 	if err != nil {
 		return err
 	}
-	log = slog.New(flushingHandler{log.Handler(), logOut})
+	log = slog.New(logbuffer.FlushOnWarn(log.Handler(), logOut))
 	requestLog, err := proxy.NewRequestLog(logOut, cfg.LogFormat)
 	if err != nil {
 		return err

@@ -1,4 +1,6 @@
-package main
+// Package logbuffer batches a server's log lines into few writes, and
+// writes warnings and errors out at once.
+package logbuffer
 
 import (
 	"context"
@@ -8,14 +10,14 @@ import (
 	"time"
 )
 
-// logBuffer batches log lines for w. A line is copied into a buffer, and the
+// Buffer batches log lines for w. A line is copied into a buffer, and the
 // buffer is written out every logFlushEvery, or sooner once it holds
 // logFlushBytes. Unbuffered, every request's log line is a write(2) made
 // under the log handler's lock: at tens of thousands of requests a second
 // the requests queue on that lock, and logging costs more CPU than serving
-// the blob. Warnings and errors are written at once (see flushingHandler),
+// the blob. Warnings and errors are written at once (see FlushOnWarn),
 // and Close writes what is left.
-type logBuffer struct {
+type Buffer struct {
 	w    io.Writer
 	wake chan struct{}
 	stop chan struct{}
@@ -33,13 +35,15 @@ const (
 	logFlushBytes = 64 << 10
 )
 
-func newLogBuffer(w io.Writer) *logBuffer {
-	b := &logBuffer{w: w, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+// New starts batching for w, until Close.
+func New(w io.Writer) *Buffer {
+	b := &Buffer{w: w, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go b.run()
 	return b
 }
 
-func (b *logBuffer) Write(p []byte) (int, error) {
+// Write buffers p: a whole record, as slog handlers write.
+func (b *Buffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	b.buf = append(b.buf, p...)
 	full := len(b.buf) >= logFlushBytes
@@ -53,7 +57,7 @@ func (b *logBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (b *logBuffer) run() {
+func (b *Buffer) run() {
 	defer close(b.done)
 	t := time.NewTicker(logFlushEvery)
 	defer t.Stop()
@@ -71,7 +75,7 @@ func (b *logBuffer) run() {
 
 // Flush writes out what is buffered. A failed write is dropped: there is
 // nowhere else to report it.
-func (b *logBuffer) Flush() {
+func (b *Buffer) Flush() {
 	b.out.Lock()
 	defer b.out.Unlock()
 	b.mu.Lock()
@@ -85,17 +89,20 @@ func (b *logBuffer) Flush() {
 }
 
 // Close writes out what is left and stops the flushing.
-func (b *logBuffer) Close() {
+func (b *Buffer) Close() {
 	close(b.stop)
 	<-b.done
 }
+
+// FlushOnWarn returns h, writing b out at each record at Warn or above.
+func FlushOnWarn(h slog.Handler, b *Buffer) slog.Handler { return flushingHandler{h, b} }
 
 // flushingHandler writes a record at Warn or above out at once, with
 // everything logged before it: an operator tailing the log sees a failure
 // when it happens, and a crash right after it does not lose it.
 type flushingHandler struct {
 	slog.Handler
-	buf *logBuffer
+	buf *Buffer
 }
 
 func (h flushingHandler) Handle(ctx context.Context, r slog.Record) error {

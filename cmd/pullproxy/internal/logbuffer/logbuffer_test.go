@@ -1,4 +1,4 @@
-package main
+package logbuffer
 
 import (
 	"bytes"
@@ -32,8 +32,8 @@ func (s *syncBuffer) String() string {
 // what is left.
 func TestLogBuffer(t *testing.T) {
 	var out syncBuffer
-	b := newLogBuffer(&out)
-	log := slog.New(flushingHandler{slog.NewTextHandler(b, nil), b})
+	b := New(&out)
+	log := slog.New(FlushOnWarn(slog.NewTextHandler(b, nil), b))
 
 	log.Info("first")
 	log.Info("second")
