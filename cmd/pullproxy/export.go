@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"path/filepath"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
@@ -14,26 +13,10 @@ import (
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
-	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
 )
-
-// openCommandMirror opens the data dir for a command, quietly: the
-// command's output says what it does.
-func openCommandMirror(ctx context.Context, cfg config.File, stderr io.Writer) (*mirror.Mirror, error) {
-	log, err := newLogger(cfg, stderr)
-	if err != nil {
-		return nil, err
-	}
-	log = slog.New(levelFloor{log.Handler(), slog.LevelWarn})
-	m, err := mirror.Open(ctx, cfg, log, nil, false)
-	if errors.Is(err, storage.ErrInUse) {
-		return nil, fmt.Errorf("%w; stop the server first", err)
-	}
-	return m, err
-}
 
 // export runs `pullproxy export`: an OCI image-layout archive of images,
 // from the store, fetched first where the store lacks them.

@@ -6,9 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"runtime"
 	"strings"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
@@ -103,17 +101,3 @@ func readRefFile(path string) ([]string, error) {
 	}
 	return refs, nil
 }
-
-// levelFloor drops records below its level: a command's output is its
-// progress, with only warnings and errors of the log.
-type levelFloor struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.min && h.Handler.Enabled(ctx, l)
-}
-
-// hostArch is this machine's architecture, as image indexes name it.
-func hostArch() string { return runtime.GOARCH }

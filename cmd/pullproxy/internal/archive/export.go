@@ -160,7 +160,7 @@ func (t nsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// countingBody is a response body read through a countingReader.
+// countingBody is a response body read through a progress.CountingReader.
 type countingBody struct {
 	io.Closer
 	r progress.CountingReader
