@@ -43,8 +43,8 @@ func TestFiles(t *testing.T) {
 	quay, _ := ParseRegistry("quay.io")
 	for _, tt := range []struct {
 		name, got string
-		want     []string
-		wantNot  []string
+		want      []string
+		wantNot   []string
 	}{
 		{"hosts.toml", HostsTOML(mirror, quay, false), []string{`server = "https://quay.io"`, `[host."http://m:5000"]`}, []string{`capabilities = ["push"]`}},
 		{"hosts.toml, no fallback", HostsTOML(mirror, quay, true), []string{`capabilities = ["push"]`}, nil},
