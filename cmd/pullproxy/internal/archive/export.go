@@ -6,8 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
-	"net/http"
+
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,30 +15,22 @@ import (
 
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
 	"github.com/opencontainers/go-digest"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 )
 
-// Export writes an OCI image-layout archive of pins to w, the
-// images read through srv's registry API on a loopback port of this
-// process: the same requests, checks and fetching as a client's pull. The
-// layout is assembled under tmpBase. It reports each image to report.
-func Export(ctx context.Context, srv http.Handler, pins []imageref.Ref, tmpBase string, w io.Writer, report io.Writer, terminal bool) error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
-	go hs.Serve(ln)
-	defer hs.Close()
-
+// Export writes an OCI image-layout archive of pins to w, the images read
+// through the mirror core m: from the store, fetched first where it lacks
+// them, with the same downloads and checks as a client's pull. The layout
+// is assembled under tmpBase. It reports each image to report.
+func Export(ctx context.Context, m Mirror, pins []imageref.Ref, tmpBase string, w io.Writer, report io.Writer, terminal bool) error {
 	dir, err := os.MkdirTemp(tmpBase, ".pullproxy-export-*")
 	if err != nil {
 		return err
@@ -49,40 +40,31 @@ func Export(ctx context.Context, srv http.Handler, pins []imageref.Ref, tmpBase 
 	if err != nil {
 		return err
 	}
-	var fetched atomic.Int64
+	var read atomic.Int64
 	shown := progress.Start(report, terminal, "exporting", func() (int64, int64, string) {
-		return fetched.Load(), 0, ""
+		return read.Load(), 0, ""
 	})
 	defer shown.End()
 	for _, p := range pins {
 		full := p.Upstream + "/" + p.Repo + refSeparator(p.Ref) + p.Ref
-		ref, err := name.ParseReference(ln.Addr().String()+"/"+p.Repo+refSeparator(p.Ref)+p.Ref, name.Insecure)
-		if err != nil {
-			return fmt.Errorf("%s: %w", full, err)
-		}
-		desc, err := remote.Get(ref, remote.WithContext(ctx), remote.WithTransport(nsTransport{p.Upstream, http.DefaultTransport, &fetched}))
+		repo := &mirrorRepo{ctx: ctx, m: m, upstream: p.Upstream, repo: p.Repo, read: &read}
+		top, err := repo.descriptor(p.Ref)
 		if err != nil {
 			return fmt.Errorf("%s: %w", full, err)
 		}
 		opt := layout.WithAnnotations(map[string]string{ocispec.AnnotationRefName: full})
-		if desc.MediaType.IsIndex() {
-			idx, err := desc.ImageIndex()
-			if err == nil {
-				err = lp.AppendIndex(idx, opt)
-			}
-			if err != nil {
-				return fmt.Errorf("%s: %w", full, err)
-			}
+		if types.MediaType(top.MediaType).IsIndex() {
+			err = lp.AppendIndex(repo.index(top), opt)
 		} else {
-			img, err := desc.Image()
-			if err == nil {
+			var img v1.Image
+			if img, err = repo.image(top); err == nil {
 				err = lp.AppendImage(img, opt)
 			}
-			if err != nil {
-				return fmt.Errorf("%s: %w", full, err)
-			}
 		}
-		fmt.Fprintf(report, "exported %s %s\n", full, desc.Digest)
+		if err != nil {
+			return fmt.Errorf("%s: %w", full, err)
+		}
+		fmt.Fprintf(report, "exported %s %s\n", full, top.Digest)
 	}
 	return writeTar(dir, w)
 }
@@ -138,32 +120,3 @@ func writeTar(dir string, w io.Writer) error {
 
 // digestOf converts a go-containerregistry hash.
 func digestOf(h v1.Hash) digest.Digest { return digest.Digest(h.String()) }
-
-// nsTransport names the upstream of every request in containerd's ns
-// parameter, as pullproxy routes them.
-// It counts the bytes of the answers into read, for the progress.
-type nsTransport struct {
-	upstream string
-	next     http.RoundTripper
-	read     *atomic.Int64
-}
-
-func (t nsTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	q := r.URL.Query()
-	q.Set("ns", t.upstream)
-	r.URL.RawQuery = q.Encode()
-	resp, err := t.next.RoundTrip(r)
-	if err == nil {
-		resp.Body = countingBody{resp.Body, progress.CountingReader{R: resp.Body, N: t.read}}
-	}
-	return resp, err
-}
-
-// countingBody is a response body read through a progress.CountingReader.
-type countingBody struct {
-	io.Closer
-	r progress.CountingReader
-}
-
-func (b countingBody) Read(p []byte) (int, error) { return b.r.Read(p) }
