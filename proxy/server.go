@@ -104,7 +104,11 @@ type Store interface {
 	MemberStore
 }
 
-var _ Store = (*storage.Store)(nil)
+var (
+	_ Store        = (*storage.Store)(nil)
+	_ Store        = (*bucket.Store)(nil)
+	_ blobFDOpener = (*bucket.Store)(nil)
+)
 
 // Server is the registry HTTP handler. Create it with New and Close it to
 // stop the downloads it started.

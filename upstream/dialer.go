@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pullproxy/pullproxy/internal/rawsock"
+	"github.com/pullproxy/pullproxy/upstream/plan"
 )
 
 // chunkDialer opens the connections blob chunks travel on. A connection
@@ -316,6 +317,16 @@ func (c *chunkConn) queued() int {
 	}
 	return rcvQueued(c.sock)
 }
+
+// The planner watches a chunk's connection through plan.Wire: bytes read,
+// and bytes queued unread.
+var _ plan.Wire = (*chunkConn)(nil)
+
+// Received returns the bytes read from c, ever.
+func (c *chunkConn) Received() int64 { return c.read.Load() }
+
+// Pending returns the bytes waiting unread in c's socket (see queued).
+func (c *chunkConn) Pending() int { return c.queued() }
 
 // Close settles a probe the connection carried, if nothing else did: a
 // connection closed idle, or by the server, says nothing about the budget.

@@ -107,11 +107,9 @@ const (
 	growAfter = 8
 	// cleanGrowth is the factor a probe tries on a path with no recent cut.
 	// A probe takes as long as its size to win, and a pipe of many
-	// connections gives each a small share: doubling, with at most four
-	// probes at once, took the budget to 4 MiB 8 s into a pull across a
-	// clean 100 ms path, whose 1-2 MiB sessions spent their lives in slow
-	// start (the pull took 1.03x containerd's own; 1.00x with 16 MiB from
-	// the start, and with this; pullbench). On a path that does cut, a
+	// connections gives each a small share: doubling would grow the budget
+	// so slowly across a long clean path that its sessions spent their
+	// lives in slow start. On a path that does cut, a
 	// probe this large is cut about as surely as one twice the budget, and
 	// the first cut sets the edge that later probes stay under.
 	cleanGrowth = 4
@@ -144,13 +142,10 @@ func (b *budget) get() int64 {
 // many connections the endpoint's pipe lets through at once: at most a
 // quarter of them probe, as a probe that stalls holds its slot for
 // stall_timeout; of fewer than 16, half, up to half of growAfter. A short
-// path's pipe holds 4-10, and a quarter of them, one or two probes at a
-// time, took the budget past 1 MiB 3.4 s into a cold fetch over a clean
-// path at 0 ms; half, 1.5 s, and the fetch opened 81 connections against
-// 148, for 2.14 CPU-s against 2.24 (cpubench, medians of 5). Over a path
-// stalling sessions at 0 ms, pulls took 1.06x and 1.08x containerd's own
-// in two runs with half, 1.03x and 1.08x with a quarter (pullbench,
-// medians of 3).
+// path's pipe holds a few connections, and a quarter of them, one probe at
+// a time, would grow the budget slowly, each short session meanwhile a
+// connection opened and a handshake paid; half grows it sooner at little
+// risk, as a stalling path holds few probes anyway.
 func (b *budget) next(now time.Time, conns int) (size int64, probe bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -162,9 +157,8 @@ func (b *budget) next(now time.Time, conns int) (size int64, probe bool) {
 	if b.probing >= most || b.probing+b.probeWins >= growAfter {
 		// Enough in flight to win, or enough won: waiting for the rest to
 		// settle. More would only hold the adoption, which waits for every
-		// probe in flight: across a clean 100 ms path the budget grew
-		// 6.1-6.2 s into a pull with up to sixteen probes at once, 3.8-5.0 s
-		// with eight (pullbench, two runs each).
+		// probe in flight: more probes at once grow the budget later, not
+		// sooner.
 		return b.current, false
 	}
 	if g := b.growthLocked(edge); g > b.current {

@@ -8,18 +8,15 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"github.com/pullproxy/pullproxy/upstream/plan"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -39,20 +36,6 @@ type BlobWriter interface {
 	// chunks there are fetched first.
 	Wanted() []int64
 }
-
-// fetchBufferSize is the read size on the blob path, pooled per chunk.
-const fetchBufferSize = 256 << 10
-
-// Within tailSpan of a blob's end a chunk's bytes are written tailGather at
-// a time. There, a chunk whose connection goes silent has its rest asked
-// for again (see hedgeLocked) from its first byte not written, and what
-// the silent request holds for a larger write comes twice: with 256 KiB
-// held, through a carrier that stalls sessions a 51 MB image took up to
-// 1.024x its bytes from the upstream.
-const (
-	tailSpan   = 16 << 20
-	tailGather = 64 << 10
-)
 
 // FetchBlob writes blob d of repo into w as HTTP Range requests (chunks),
 // several at once, on connections that each carry at most the endpoint's
@@ -138,7 +121,9 @@ func (s *fetchStats) report(endpoint string) FetchReport {
 	return FetchReport{Endpoint: endpoint, Endpoints: s.endpoints, Chunks: s.chunks, Failed: s.failed, Cuts: maps.Clone(s.cuts)}
 }
 
-// blobFetch is one blob being fetched from one endpoint.
+// blobFetch is one blob being fetched from one endpoint. Which chunk comes
+// next is the planner's to decide (see package plan); blobFetch runs the
+// workers that fetch them, and tells the planner what became of each.
 type blobFetch struct {
 	r      *Registry
 	ep     *endpoint
@@ -147,52 +132,20 @@ type blobFetch struct {
 	w      BlobWriter
 	stats  *fetchStats // shared by the blob's endpoints; nil: not kept
 
-	mu        sync.Mutex
-	inflight  []claimed     // ranges claimed by workers
-	lastID    uint64        // the id of the last range claimed
-	watcher   int           // the worker that, with nothing to claim, watches those in flight (see hedgeLocked); 0: none
-	location  *url.URL      // where the registry redirected blob GETs: reused until refused
-	noRange   bool          // the endpoint ignores Range: one stream from the first missing byte
-	streaming bool          // with noRange: a worker holds the stream
-	stream    int64         // with streaming: the start of the chunk that holds it
-	sizing    bool          // size unknown: a worker is fetching the first chunk
-	sized     chan struct{} // with sizing: closed when that chunk is released
-	failures  int           // attempts in a row without a new byte
-	stopped   bool          // a chunk failed for good: nothing more is claimed
-	warned    bool          // the size disagreement was logged
+	mu       sync.Mutex
+	planner  plan.Planner  // the blob's chunks: claimed, in flight, hedged
+	sized    chan struct{} // while the size is unknown: closed when the chunk learning it is released
+	location *url.URL      // where the registry redirected blob GETs: reused until refused
+	failures int           // attempts in a row without a new byte
+	warned   bool          // the size disagreement was logged
 
 	workers      int           // fetching chunks at once at most
-	hedges       atomic.Int32  // chunks claimed again (see hedgeLocked): requests may race for the same bytes
+	hedges       atomic.Int32  // chunks claimed again (see plan.Chunk.Hedge): requests may race for the same bytes
 	size         atomic.Int64  // the blob's size once known, for left; 0: not yet
 	written      atomic.Int64  // bytes written, a re-sent byte again
 	finished     chan struct{} // closed once every byte is written: workers waiting for a lane or a retry end
 	finishedOnce sync.Once
 	cancel       context.CancelFunc // ends the workers' requests once finished
-}
-
-type span struct{ start, end int64 }
-
-// claimed is a range a worker fetches, and what hedgeLocked knows of it.
-// A hedge may claim the very range of the chunk it hedges: the id tells
-// them apart.
-type claimed struct {
-	span
-	id     uint64     // its chunk's (see trackLocked)
-	seen   int64      // its first missing byte when last looked at
-	seenAt time.Time  // when seen or read last moved (or the range was claimed)
-	hedged bool       // its rest was claimed again
-	conn   *chunkConn // the connection its request went out on; nil: not known (yet)
-	read   int64      // conn's bytes read when last looked at
-}
-
-// holdsAny reports whether the span holds one of offs.
-func (s span) holdsAny(offs []int64) bool {
-	for _, off := range offs {
-		if s.start <= off && off < s.end {
-			return true
-		}
-	}
-	return false
 }
 
 // left is about how many of the blob's bytes are still to arrive (a byte
@@ -348,11 +301,11 @@ func (f *blobFetch) worker(ctx context.Context, id int) error {
 		if err != nil {
 			return err
 		}
-		plan := l.plan(f.ep, f.target())
-		c, ok, wait := f.claim(plan, pipe.free())
+		how := l.plan(f.ep, f.target())
+		c, ok, wait := f.claim(time.Now(), how, pipe.free())
 		if !ok {
-			if plan.probe != nil {
-				plan.probe.failed()
+			if how.probe != nil {
+				how.probe.failed()
 			}
 			pipe.release(f, l, 0)
 			if wait == nil {
@@ -377,7 +330,7 @@ func (f *blobFetch) worker(ctx context.Context, id int) error {
 			}
 		}
 		start := time.Now()
-		n, err := f.fetchChunk(ctx, l, c, plan)
+		n, err := f.fetchChunk(ctx, l, c, how)
 		if err != nil && !errors.Is(err, ErrUnavailable) {
 			f.stop() // before the chunk is free to claim again: asking again would not help
 		}
@@ -453,28 +406,14 @@ func (f *blobFetch) isFinished() bool {
 }
 
 // watch makes worker id, which found nothing to claim, the one that
-// watches the chunks in flight for one gone silent (see hedgeLocked),
-// unless another does or none is in flight. It returns how long to wait
-// before looking again, or 0 when the worker is done.
+// watches the chunks in flight for one gone silent (see plan.Planner.Watch),
+// unless another does. It returns how long to wait before looking again,
+// or 0 when the worker is done.
 func (f *blobFetch) watch(id int) time.Duration {
+	after := f.hedgeAfter()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.watcher != 0 && f.watcher != id {
-		return 0
-	}
-	if len(f.inflight) == 0 || f.noRange {
-		f.watcher = 0
-		return 0
-	}
-	f.watcher = id
-	return f.hedgeAfter() / 4
-}
-
-// chunk is a claimed byte range, and how to ask for it.
-type chunk struct {
-	start, end int64  // end is -1 when the size is not known yet
-	open       bool   // ask for bytes=start- and accept a 200
-	id         uint64 // its entry in inflight; 0: none (a stream, see noRange)
+	return f.planner.Watch(id, after)
 }
 
 // target is where the next chunk's request goes: the registry's redirect
@@ -488,312 +427,63 @@ func (f *blobFetch) target() *url.URL {
 	return f.ep.url
 }
 
-// claim picks the next range to fetch: at the first offset a client waits
-// for that is neither written nor claimed, else the first such offset from
-// the start; plan.size bytes long at most, or up to plan.room when the rest
-// of the gap would be too short for a chunk of its own, and shorter near
-// the blob's end while free slots of the pipe (free), or on a clean path
-// its other chunks in flight, could share what is left (see endgame). When
-// there is nothing to claim yet but may be soon (the size is being
-// learned), it returns a channel to wait on.
-func (f *blobFetch) claim(plan chunkPlan, free int) (chunk, bool, <-chan struct{}) {
-	size, room := plan.size, plan.room
+// claim asks the planner, at now, for the next chunk to fetch on a
+// connection sized as how says, with free more slots of the pipe free (see
+// plan.Planner.Claim). When there is nothing to claim yet but may be soon
+// (the size is being learned), it returns a channel to wait on.
+func (f *blobFetch) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, bool, <-chan struct{}) {
+	src := plan.Source{Free: free, Workers: f.workers, HedgeAfter: f.hedgeAfter()}
+	conn := plan.Conn{Size: how.size, Room: how.room, Several: how.several}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	blobSize := f.w.Size()
-	switch {
-	case f.stopped:
-		return chunk{}, false, nil
-	case blobSize < 0:
-		if f.sizing {
-			return chunk{}, false, f.sized
-		}
-		f.sizing, f.sized = true, make(chan struct{})
-		// Claimed like any chunk: the size is known as soon as its answer
-		// comes, and a worker that claims then must not ask for it again.
-		return f.trackLocked(chunk{start: 0, end: size}, time.Now()), true, nil
-	case f.noRange:
-		if f.streaming {
-			return chunk{}, false, nil
-		}
-		start, end := f.w.Missing(0)
-		if start >= end {
-			return chunk{}, false, nil
-		}
-		f.streaming, f.stream = true, start
-		return chunk{start: start, end: blobSize, open: true}, true, nil
+	b := plan.Blob{Size: f.w.Size(), Written: f.w}
+	if b.Size >= 0 {
+		b.Wanted = f.w.Wanted() // nil unless readers wait: no allocation per chunk
 	}
-	wanted := f.w.Wanted() // nil unless readers wait: no allocation per chunk
-	if len(wanted) > 0 {
-		// A chunk a client waits on that went silent is asked for again
-		// now, not at the blob's end: the client reads in order, so
-		// everything after it waits too, until stall_timeout ends its
-		// connection.
-		if c, ok := f.hedgeLocked(time.Now(), wanted); ok {
-			return c, true, nil
-		}
+	c, got := f.planner.Claim(now, b, src, conn)
+	switch got {
+	case plan.Wait:
+		return c, false, f.sized
+	case plan.None:
+		return c, false, nil
 	}
-	for i := 0; i <= len(wanted); i++ {
-		off := int64(0) // after the wanted offsets, from the start
-		if i < len(wanted) {
-			off = wanted[i]
-		}
-		if c, ok := f.gapFrom(off, size, room); ok {
-			c.end = f.endgame(c, blobSize, plan, free)
-			return f.trackLocked(c, time.Now()), true, nil
-		}
+	if c.Sizing {
+		f.sized = make(chan struct{})
 	}
-	if c, ok := f.hedgeLocked(time.Now(), nil); ok {
-		return c, true, nil
-	}
-	return chunk{}, false, nil
-}
-
-// hedgeLocked claims again the rest of a chunk in flight that has brought
-// nothing for hedgeAfter (no byte written, none read from its connection,
-// none waiting unread in the socket): one holding an offset in wanted, where
-// clients wait, or, with wanted nil, once nothing else is left to claim,
-// any.
-// The socket is looked at because a reader starved of CPU (a busy node)
-// looks silent too, and asking again would only fetch its bytes twice. Its
-// connection may have gone silent (a carrier that stalls sessions), which
-// stall_timeout would tell only seconds later, with the blob's end, its
-// commit and the client's last bytes waiting on it. Whichever brings the
-// bytes first writes them (the writer takes each byte once), and the other
-// request ends as soon as it finds the bytes it would write next already
-// written (see copyBody). Bytes the silent request received but still holds
-// for a larger write (see gather) are asked for again. Called with f.mu
-// held.
-func (f *blobFetch) hedgeLocked(now time.Time, wanted []int64) (chunk, bool) {
-	after := f.hedgeAfter()
-	for i := range f.inflight {
-		s := &f.inflight[i]
-		if s.hedged || wanted != nil && !s.holdsAny(wanted) {
-			continue
-		}
-		missing, _ := f.w.Missing(s.start)
-		switch {
-		case missing >= s.end:
-			continue // all in, its answer ending
-		case missing != s.seen:
-			s.seen, s.seenAt = missing, now
-			continue
-		case s.conn != nil && s.conn.read.Load() != s.read:
-			s.read, s.seenAt = s.conn.read.Load(), now // read, not written yet (see gather)
-			continue
-		case now.Sub(s.seenAt) < after:
-			continue
-		case s.conn != nil && s.conn.queued() > 0:
-			// The path delivered bytes its reader, starved of CPU, has
-			// not taken: asking again would only fetch them twice. (An
-			// ioctl that never blocks, made only for a chunk silent for
-			// hedgeAfter: fine under f.mu.)
-			s.seenAt = now
-			continue
-		}
-		s.hedged = true
+	if c.Hedge {
 		f.hedges.Add(1)
-		return f.trackLocked(chunk{start: missing, end: s.end}, now), true
 	}
-	return chunk{}, false
-}
-
-// trackLocked enters chunk c, just claimed, in inflight under a new id, and
-// returns it with that id. Called with f.mu held.
-func (f *blobFetch) trackLocked(c chunk, now time.Time) chunk {
-	f.lastID++
-	c.id = f.lastID
-	f.inflight = append(f.inflight, claimed{span: span{c.start, c.end}, id: c.id, seen: c.start, seenAt: now})
-	return c
+	return c, true, nil
 }
 
 // hedgeAfter is how long a chunk in flight may bring nothing before its
-// rest is asked for again at a blob's end: several round trips (a new
-// connection's set-up takes two or three), and at least minHedge, but less
-// than stall_timeout.
+// rest is asked for again (see plan.HedgeAfter).
 func (f *blobFetch) hedgeAfter() time.Duration {
-	d := minHedge
+	var setup time.Duration
 	if f.ep.pipe.setup != nil {
-		d = max(d, 3*f.ep.pipe.setup())
+		setup = f.ep.pipe.setup()
 	}
-	return min(d, f.r.fetch.StallTimeout/2)
+	return plan.HedgeAfter(setup, f.r.fetch.StallTimeout)
 }
 
-// minHedge is the least hedgeAfter: a healthy chunk connection brings bytes
-// every few milliseconds, or each round trip in slow start.
-const minHedge = 300 * time.Millisecond
-
-// gapFrom finds the first unwritten, unclaimed range at or after off: size
-// bytes of it, or all of it when that is at most room and what size would
-// leave is under minChunk (a short rest would cost a request of its own).
-func (f *blobFetch) gapFrom(off, size, room int64) (chunk, bool) {
-	for {
-		start, end := f.w.Missing(off)
-		if start >= end {
-			return chunk{}, false
-		}
-		moved := false
-		for _, s := range f.inflight {
-			if s.start <= start && start < s.end {
-				off, moved = s.end, true
-				break
-			}
-			if start < s.start && s.start < end {
-				end = s.start
-			}
-		}
-		if !moved {
-			if end-start <= room && end-start-size < minChunk {
-				return chunk{start: start, end: end}, true
-			}
-			return chunk{start: start, end: min(end, start+size)}, true
-		}
-	}
-}
-
-// endgame returns where chunk c, claimed at the end of what is left of a
-// blob of blobSize bytes, is to end: sooner when other connections could
-// share the rest. Called with f.mu held.
-//
-// Free slots of the pipe (of the blob's workers) share it in pieces: the
-// blob's last chunks would otherwise each take a connection's set-up and
-// slow start alone, as would one cut near the end and asked for again (at
-// 100 ms, a MiB on a new connection takes about nine round trips), while
-// the slots others freed stay idle.
-//
-// Where a connection's budget holds several chunks (several), the blob's
-// chunks in flight, which claim again as they end, share it too, each share
-// taken in endgameShares claims. The chunks in flight all move at once,
-// and a client reading in order gets each one's bytes only as the ones
-// before it end. As a blob's last chunks end, the link is shared by fewer
-// of them and they end together: the client was handed all of them at once
-// and read them after the upstream's last byte (at 100 ms, 64 chunks of a
-// MiB: 20-45 MB, and a pull's end 0.34-0.48 s after that byte, against
-// 0.14 s for containerd's own). Pieces that shrink a little at each claim,
-// by less than a chunk in flight moves meanwhile, still end in order, and
-// the last ones in flight hold little (0.15-0.29 s after the last byte;
-// pullbench); where shares would be shorter than endgameMin, the pieces
-// grow towards the end instead (see endgameRamp). On a path that cuts
-// sessions each carries one chunk, as large as its budget allows: shorter
-// ones cost sessions, and sharing there too took a pull at 100 ms from
-// 1.04-1.07x containerd's own to 1.16x.
-func (f *blobFetch) endgame(c chunk, blobSize int64, plan chunkPlan, free int) int64 {
-	free = max(0, min(free, f.workers-len(f.inflight)-1))
-	pieces, shares := int64(free)+1, int64(1)
-	if plan.several {
-		pieces, shares = pieces+int64(len(f.inflight)), endgameShares
-	}
-	if pieces == 1 || c.end-c.start <= endgameMin || blobSize-c.start > (c.end-c.start)*pieces*shares {
-		return c.end // not near the end, or nothing to share it with
-	}
-	var rest int64
-	for off := c.start; ; {
-		g, ok := f.gapFrom(off, blobSize, blobSize)
-		if !ok {
-			break
-		}
-		rest += g.end - g.start
-		off = g.end
-	}
-	piece := (rest + pieces*shares - 1) / (pieces * shares)
-	if piece >= endgameMin {
-		return min(c.end, c.start+piece)
-	}
-	piece = endgameRamp(blobSize-c.start, int64(len(f.inflight)+1))
-	if piece <= c.end-c.start {
-		return c.start + piece
-	}
-	// Longer than the chunk planned: as far as the gap and the
-	// connection's budget allow.
-	g, _ := f.gapFrom(c.start, min(piece, plan.room), plan.room)
-	return max(c.end, g.end)
-}
-
-// endgameRamp is how long a piece is to be, claimed left bytes before the
-// end of a blob with inflight chunks in flight (this one too), once the
-// shares would be under endgameMin.
-//
-// Connections whose chunks ended together claim together, and pieces of
-// one size end together again. At 40 ms, 30 pieces of 512 KiB were claimed
-// within 30 ms near a 223 MiB blob's end and ended within 30 ms of each
-// other: containerd, reading in order, was handed 15 MB in the upstream's
-// last 30 ms, and its pull ended 0.28 s after that last byte (median of six
-// runs) against 0.15 s for its own. Over the last inflight pieces' worth of
-// the blob, pieces grow towards its end instead, as the square root of how
-// much nearer it they are (up to endgameRampMax): connections sharing a
-// path move at about the same rate, so pieces end in the order they start,
-// and as fewer are left each gets a larger share and ends sooner after the
-// one before it; the growth keeps them apart by about the time a client
-// takes to read the piece before (in one pull's log, 3-12 ms apart, each
-// handing containerd 1.0-1.7 MB). Six runs each, taking turns
-// (pullbench, clean path): at 40 ms the pull's end came 0.22 s after the
-// upstream's last byte against 0.28 s, the pull 10.60 s against 10.66 s
-// (containerd's own 10.66 s); at 100 ms 0.21 s against 0.25 s, 11.39 s
-// against 11.43 s (11.70 s); the same at 0 ms.
-func endgameRamp(left, inflight int64) int64 {
-	ramp := inflight * endgameMin
-	if left >= ramp {
-		return endgameMin
-	}
-	return min(endgameRampMax, int64(float64(endgameMin)*math.Sqrt(float64(ramp)/float64(left))))
-}
-
-// endgameRampMax is the longest piece endgameRamp makes.
-const endgameRampMax = 4 * endgameMin
-
-// endgameMin is the least a chunk is shortened to near a blob's end: a
-// request costs a round trip of its own, in which its connection carries
-// nothing. The pieces in flight end together, round by round, and each
-// round leaves every connection waiting for its next answer at once: at
-// 128 KiB, across a clean 100 ms path, 1.3-1.7 MB of the link went unused
-// each time, three rounds in a pull's last 0.5 s. At minChunk, pulls there
-// took 11.63-11.84 s against 11.78-11.92 s (nine runs each, taking turns;
-// containerd's own 11.62-11.72 s), and the same as before at 0 and 40 ms
-// (three runs each; pullbench).
-const endgameMin = minChunk
-
-// endgameShares is how many claims a connection's share of what is left of
-// a blob is taken in. With 1, a piece shrinks by about as much as a chunk
-// in flight moves meanwhile, and pieces ended out of order; 2 and 4 both
-// ended them in order, and at 100 ms a pull through 64 connections asked
-// for 1,310 chunks with 2, about 2,200 with 4, and 617 without sharing
-// (pullbench).
-const endgameShares = 2
-
-func (f *blobFetch) release(c chunk) {
+// release tells the planner chunk c is over: what it left unwritten is
+// free to claim again.
+func (f *blobFetch) release(c plan.Chunk) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.sizing {
-		f.sizing = false
+	f.planner.Release(c)
+	if c.Sizing {
 		close(f.sized)
 	}
-	if f.streaming && f.stream == c.start {
-		f.streaming = false
-	}
-	for i, s := range f.inflight {
-		if s.id == c.id {
-			f.inflight = append(f.inflight[:i], f.inflight[i+1:]...)
-			break
-		}
-	}
 }
 
-// attach records that the request for chunk c went out on conn, so that
-// hedgeLocked can tell a silent path from a reader that lags. After a
-// redirect the target's connection, which carries the body, replaces the
-// registry's.
-func (f *blobFetch) attach(c chunk, conn *chunkConn) {
-	if c.id == 0 {
-		return // a stream: never hedged
-	}
+// attach records that the request for chunk c went out on conn, so that the
+// planner can tell a silent path from a reader that lags. After a redirect
+// the target's connection, which carries the body, replaces the registry's.
+func (f *blobFetch) attach(c plan.Chunk, conn *chunkConn) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for i := range f.inflight {
-		if s := &f.inflight[i]; s.id == c.id {
-			s.conn, s.read = conn, conn.read.Load()
-			return
-		}
-	}
+	f.planner.Attach(c.ID, conn)
 }
 
 // stop ends the claiming of chunks: one failed in a way that asking again
@@ -801,7 +491,14 @@ func (f *blobFetch) attach(c chunk, conn *chunkConn) {
 func (f *blobFetch) stop() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.stopped = true
+	f.planner.Stop()
+}
+
+// unclaimed reports whether some of the blob is neither written nor claimed.
+func (f *blobFetch) unclaimed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.planner.Unclaimed(plan.Blob{Size: f.w.Size(), Written: f.w})
 }
 
 // progress resets the count of fruitless attempts; failed adds one and
@@ -817,497 +514,6 @@ func (f *blobFetch) failed() int {
 	defer f.mu.Unlock()
 	f.failures++
 	return f.failures
-}
-
-// fetchChunk fetches one chunk on l, as plan says, and returns how many
-// bytes it wrote. What happens to the connection is evidence about the path:
-// a cut is recorded at the bytes the session carried in all, and a
-// connection that used up its budget is retired.
-func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c chunk, plan chunkPlan) (int64, error) {
-	on := chunkTrace{got: func(conn *chunkConn) { f.attach(c, conn) }}
-	defer on.done()
-	ctx = httptrace.WithClientTrace(ctx, on.trace())
-	if plan.probe != nil {
-		ctx = withProbe(ctx, plan.probe)
-		// A request that went out on a connection already open probed
-		// nothing.
-		defer func() {
-			if !plan.probe.attached.Load() {
-				plan.probe.failed()
-			}
-		}()
-	}
-	chunks := f.ep.chunks
-	resp, op, err := f.open(ctx, l, c)
-	if err != nil {
-		chunks.WithLabelValues("failed").Inc()
-		f.stats.chunk("failed", "")
-		if e := (*Error)(nil); errors.As(err, &e) &&
-			(e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable) {
-			f.ep.pipe.failed(pipeBusy)
-		}
-		return 0, err
-	}
-	conn := on.conn
-	l.answered(resp.Request, conn)
-	defer resp.Body.Close()
-	host := responseHost(resp)
-	fail := func(kind, cause error, format string, a ...any) *Error {
-		return &Error{Upstream: f.r.name, Endpoint: host, Op: op, Status: resp.StatusCode,
-			Kind: kind, Err: cause, Message: fmt.Sprintf(format, a...)}
-	}
-
-	start, end := c.start, c.end
-	switch resp.StatusCode {
-	case http.StatusPartialContent:
-		first, last, total, ok := parseContentRange(resp.Header.Get("Content-Range"))
-		if !ok || first != start {
-			return 0, fail(ErrInvalid, nil, "asked for bytes %d-, got Content-Range %q", start, resp.Header.Get("Content-Range"))
-		}
-		if total >= 0 {
-			if err := f.checkSize(total, host); err != nil {
-				return 0, err
-			}
-		}
-		if f.w.Size() < 0 {
-			return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", f.digest)
-		}
-		end = min(last+1, f.w.Size())
-		if !c.open && c.end >= 0 {
-			end = min(end, c.end) // a longer answer than asked for would overrun the budget
-		}
-	case http.StatusOK:
-		// The upstream ignores Range: from now on one stream, from the start.
-		f.mu.Lock()
-		f.noRange, f.streaming, f.stream = true, true, c.start
-		f.mu.Unlock()
-		if resp.ContentLength >= 0 {
-			if err := f.checkSize(resp.ContentLength, host); err != nil {
-				return 0, err
-			}
-		}
-		start, end = 0, f.w.Size()
-	}
-	if end < 0 {
-		return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", f.digest)
-	}
-
-	var ahead *warmup
-	if plan.last {
-		ahead = f.warmupFor(resp.Request)
-	}
-	if conn != nil {
-		conn.expect(end - start)
-		defer conn.expect(0)
-	}
-	n, err := f.copyBody(ctx, resp.Body, start, end, resp.StatusCode == http.StatusPartialContent, ahead)
-	// A stream restarted from byte 0 re-sends bytes already held: only those
-	// past the chunk's start are progress.
-	fresh := max(0, start+n-c.start)
-	if errors.Is(err, errOvertaken) {
-		// Its connection closes with the unread answer: no evidence about
-		// the path, and no cut.
-		chunks.WithLabelValues("overtaken").Inc()
-		f.stats.chunk("overtaken", "")
-		if conn != nil {
-			conn.retired.Store(true)
-		}
-		return fresh, nil
-	}
-	if err != nil {
-		if errors.Is(err, errStore) {
-			return fresh, fail(ErrInvalid, err, "storing %s at %d: %v", f.digest, start+n, err)
-		}
-		if ctx.Err() != nil {
-			return fresh, ctx.Err() // we hung up: not the path's doing
-		}
-		kind := cutKind(err)
-		chunks.WithLabelValues("cut").Inc()
-		f.stats.chunk("cut", kind)
-		f.ep.health.chunk(time.Now(), true)
-		// Where the session died: the bytes it carried in all, chunks
-		// before this one, handshake and headers included, as the carrier
-		// counts them. A chunk that died before its first byte is no
-		// evidence of a byte-count cut.
-		carried, probe := n, (*probeConn)(nil)
-		if conn != nil {
-			carried, probe = conn.read.Load(), conn.probe.Load()
-			conn.retired.Store(true)
-		}
-		if n == 0 {
-			carried = 0
-		}
-		cutAt := carried
-		if kind == "slow" {
-			cutAt = 0 // abandoned here, not cut by the path: no evidence of a byte count
-		}
-		switch stalled := kind == "stall" || kind == "slow"; {
-		case probe != nil && stalled:
-			f.ep.pipe.failed(pipeProbeStall)
-		case probe != nil: // finding where the path cuts is what a probe is for
-		case stalled:
-			f.ep.pipe.failed(pipeStall)
-		default:
-			f.ep.pipe.failed(pipeCut)
-		}
-		var next int64
-		if probe != nil {
-			next = probe.cut(cutAt, kind)
-		} else {
-			next = f.ep.budget.cut(cutAt, false, kind, time.Now())
-		}
-		if next > 0 {
-			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
-				"cut_at", carried, "kind", kind, "budget", next)
-		}
-		return fresh, fail(ErrUnavailable, err, "%s: connection %s after %d of %d bytes (%d on the connection): %v",
-			chunkName(f.digest, start, end), cutVerb(kind), n, end-start, carried, err)
-	}
-	chunks.WithLabelValues("complete").Inc()
-	f.stats.chunk("complete", "")
-	f.ep.health.chunk(time.Now(), false)
-	switch {
-	case conn == nil:
-	case c.open || resp.StatusCode != http.StatusPartialContent:
-		// Carried a whole stream: a probe on it won.
-		resp.Body.Close()
-		l.retire(conn)
-	case conn.allowance(f.ep)-conn.read.Load() < minChunk:
-		resp.Body.Close()
-		l.spent(conn, f.ep) // used up: renewed on a clean path, else retired
-	}
-	return fresh, nil
-}
-
-// open sends the chunk's request: to the URL the registry redirected to
-// before, while it is accepted, else to the registry (which may redirect
-// again). Authorization goes only to the registry.
-func (f *blobFetch) open(ctx context.Context, l *lane, c chunk) (*http.Response, string, error) {
-	rng := fmt.Sprintf("bytes=%d-", c.start)
-	if !c.open && c.end >= 0 {
-		rng += strconv.FormatInt(c.end-1, 10)
-	}
-	f.mu.Lock()
-	loc := f.location
-	f.mu.Unlock()
-	if loc != nil {
-		resp, err := f.getLocation(ctx, l, loc, rng)
-		if err != nil {
-			return nil, "GET " + redacted(loc), err
-		}
-		switch resp.StatusCode {
-		case http.StatusOK, http.StatusPartialContent:
-			return resp, "GET " + redacted(loc), nil
-		}
-		// Expired or refused: resolve it again through the registry.
-		resp.Body.Close()
-		f.mu.Lock()
-		f.location = nil
-		f.mu.Unlock()
-	}
-
-	q := request{method: http.MethodGet, repo: f.repo, path: "blobs/" + f.digest.String(),
-		header: http.Header{"Range": {rng}}, client: l.client}
-	resp, err := f.r.send(ctx, f.ep, q)
-	if err != nil {
-		return nil, q.op(), err
-	}
-	switch resp.StatusCode {
-	case http.StatusOK, http.StatusPartialContent:
-		return resp, q.op(), nil
-	case http.StatusMovedPermanently, http.StatusFound, http.StatusSeeOther,
-		http.StatusTemporaryRedirect, http.StatusPermanentRedirect:
-		loc, err := resp.Request.URL.Parse(resp.Header.Get("Location"))
-		resp.Body.Close()
-		if err != nil || loc.Host == "" {
-			return nil, q.op(), &Error{Upstream: f.r.name, Endpoint: f.ep.host, Op: q.op(), Status: resp.StatusCode,
-				Kind: ErrInvalid, Message: "redirect without a usable Location"}
-		}
-		if err := f.r.targets.checkRedirect(resp.Request.URL, loc); err != nil {
-			return nil, q.op(), &Error{Upstream: f.r.name, Endpoint: f.ep.host, Op: q.op(), Status: resp.StatusCode,
-				Kind: ErrInvalid, Err: err}
-		}
-		f.mu.Lock()
-		f.location = loc
-		f.mu.Unlock()
-		op := "GET " + redacted(loc)
-		resp, err := f.getLocation(ctx, l, loc, rng)
-		if err != nil {
-			return nil, op, err
-		}
-		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
-			defer resp.Body.Close()
-			if err := f.rangeRefused(resp, loc.Host); err != nil {
-				return nil, op, err
-			}
-			return nil, op, f.r.statusError(loc.Host, op, resp)
-		}
-		return resp, op, nil
-	}
-	defer resp.Body.Close()
-	if err := f.rangeRefused(resp, f.ep.host); err != nil {
-		return nil, q.op(), err
-	}
-	return nil, q.op(), f.r.statusError(f.ep.host, q.op(), resp)
-}
-
-// rangeRefused checks the size a 416 gives ("Content-Range: bytes */N")
-// against the one declared: a range refused because the upstream holds
-// fewer bytes than the manifest declares says so, rather than only that a
-// range was refused. Nil for any other answer.
-func (f *blobFetch) rangeRefused(resp *http.Response, host string) error {
-	if resp.StatusCode != http.StatusRequestedRangeNotSatisfiable {
-		return nil
-	}
-	tot, ok := strings.CutPrefix(resp.Header.Get("Content-Range"), "bytes */")
-	if !ok {
-		return nil
-	}
-	if total, err := strconv.ParseInt(tot, 10, 64); err == nil && total >= 0 {
-		return f.checkSize(total, host)
-	}
-	return nil
-}
-
-// getLocation fetches a range from a redirect target, without credentials:
-// a presigned URL carries its own, and object stores refuse a second kind.
-func (f *blobFetch) getLocation(ctx context.Context, l *lane, loc *url.URL, rng string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, loc.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Range", rng)
-	resp, err := l.client.Do(req)
-	if err != nil {
-		f.r.metrics.request(f.r.name, http.MethodGet, 0)
-		return nil, f.r.transportError(loc.Host, "GET "+redacted(loc), err)
-	}
-	f.r.metrics.request(f.r.name, http.MethodGet, resp.StatusCode)
-	return resp, nil
-}
-
-// warmup opens the next chunk's connection while this chunk's last bytes
-// arrive: once what is left would take about as long as opening a
-// connection to the same address lately took.
-type warmup struct {
-	f    *blobFetch
-	key  dialKey
-	lead time.Duration
-	done bool
-}
-
-// warmupFor returns the warm-up for a chunk requested with req, or nil when
-// there is nothing to warm: a caller's own transport, a proxied request, or
-// no connection measured yet.
-func (f *blobFetch) warmupFor(req *http.Request) *warmup {
-	d := f.r.dialer
-	if d == nil || req == nil || d.proxied(req) {
-		return nil
-	}
-	key := dialKey{secure: req.URL.Scheme == "https", addr: hostPort(req.URL.Scheme, req.URL.Host)}
-	setup := d.setupTime(key)
-	if setup <= 0 {
-		return nil
-	}
-	return &warmup{f: f, key: key, lead: setup*3/2 + 10*time.Millisecond}
-}
-
-// check starts the warm-up, within ctx, when the chunk's rest, at its pace
-// so far (received bytes in elapsed), would arrive within the lead.
-func (w *warmup) check(ctx context.Context, received, rest int64, elapsed time.Duration) {
-	if w == nil || w.done || received <= 0 {
-		return
-	}
-	if time.Duration(float64(elapsed)*float64(rest)/float64(received)) > w.lead {
-		return
-	}
-	w.done = true
-	if w.f.unclaimed() {
-		w.f.r.dialer.prewarm(ctx, w.key, w.f.r.fetch.FirstByteTimeout)
-	}
-}
-
-// unclaimed reports whether some of the blob is neither written nor claimed.
-func (f *blobFetch) unclaimed() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.noRange || f.w.Size() < 0 {
-		return false
-	}
-	_, ok := f.gapFrom(0, 1, 1)
-	return ok
-}
-
-// errStore marks a failure to store bytes, as opposed to receiving them.
-var errStore = errors.New("store")
-
-// errOvertaken ends a chunk's request that another request for the same
-// bytes (a hedge, or the request it hedged) has got ahead of: what it would
-// bring next is held already.
-var errOvertaken = errors.New("overtaken by another request for the same bytes")
-
-// errTooSlow marks a chunk connection abandoned for bringing less than
-// MinGoodput.
-var errTooSlow = errors.New("slower than min_goodput")
-
-// copyBody writes body to [start, end) of the blob, returning the bytes
-// written. It gathers up to a buffer's worth per write (see gather): a TLS
-// body arrives 16 KiB at a time, and each write is a syscall and wakes the
-// blob's readers. Near the end it starts ahead's warm-up. An answer to a
-// range request (ranged) stops as soon as it finds its next byte written
-// already, once the blob has a hedged chunk (errOvertaken): racing requests
-// would otherwise both bring the rest. A stream from byte 0 re-sends bytes
-// held before on purpose, and reads on.
-func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int64, ranged bool, ahead *warmup) (int64, error) {
-	bufp := f.r.buffers.Get().(*[]byte)
-	defer f.r.buffers.Put(bufp)
-	buf := *bufp
-	received, pipe := f.r.received, f.ep.pipe
-	began := time.Now()
-	minRate, slowCheck := float64(f.r.fetch.MinGoodput), began.Add(slowAfter*f.r.fetch.StallTimeout)
-	off := start
-	tail := f.w.Size() - tailSpan // past it, writes are smaller (see tailGather)
-	for off < end {
-		want := min(int64(len(buf)), end-off)
-		if off >= tail {
-			want = min(want, tailGather)
-		}
-		n, err := gather(body, buf[:want])
-		if n > 0 && ranged && f.hedges.Load() > 0 {
-			// Racing another request for these bytes: the one that finds
-			// its next byte written is behind, and gives way. Looked at
-			// before writing, so that the two never both give way.
-			if next, _ := f.w.Missing(off); next > off {
-				return off - start, errOvertaken
-			}
-		}
-		if n > 0 {
-			if _, werr := f.w.WriteAt(buf[:n], off); werr != nil {
-				return off - start, fmt.Errorf("%w: %w", errStore, werr)
-			}
-			off += int64(n)
-			f.written.Add(int64(n))
-			received.Add(float64(n))
-			pipe.add(n)
-			if ahead != nil {
-				ahead.check(ctx, off-start, end-off, time.Since(began))
-			}
-		}
-		switch {
-		case err == nil:
-		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-			if off < end {
-				return off - start, io.ErrUnexpectedEOF
-			}
-		default:
-			return off - start, err
-		}
-		if minRate > 0 && off < end {
-			if now := time.Now(); now.After(slowCheck) && float64(off-start) < minRate*now.Sub(began).Seconds() {
-				return off - start, fmt.Errorf("%w: %d bytes in %v", errTooSlow, off-start, now.Sub(began).Round(time.Millisecond))
-			}
-		}
-	}
-	// Read on to the answer's end: net/http keeps a connection for the next
-	// chunk only once it has seen it. An answer longer than asked for ends
-	// its connection here instead, as it should.
-	body.Read(buf[:1])
-	return off - start, nil
-}
-
-// gather reads from body into buf until buf is full, the body ends or
-// fails, or gatherFor has passed since the first byte: bytes are written
-// in large pieces on a fast connection (at 64 KiB, the fetch of a 600 MiB
-// image cost 0.3 s more CPU than at 256 KiB; cpubench), and without delay
-// on a slow one, such as a session still in slow start across a long path,
-// whose reader would otherwise wait for a buffer's worth.
-func gather(body io.Reader, buf []byte) (int, error) {
-	var first time.Time
-	n := 0
-	for n < len(buf) {
-		m, err := body.Read(buf[n:])
-		n += m
-		if err != nil {
-			if err == io.EOF && n > 0 {
-				err = nil // the caller learns of the end on its next read
-			}
-			return n, err
-		}
-		if m > 0 && first.IsZero() {
-			first = time.Now()
-		} else if n > 0 && time.Since(first) >= gatherFor {
-			break
-		}
-	}
-	return n, nil
-}
-
-// gatherFor bounds how long gather holds received bytes before writing.
-const gatherFor = 20 * time.Millisecond
-
-// cutKind names how a connection died, for metrics and logs.
-func cutKind(err error) string {
-	var ne net.Error
-	switch {
-	case errors.Is(err, syscall.ECONNRESET):
-		return "reset"
-	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
-		return "eof"
-	case errors.As(err, &ne) && ne.Timeout():
-		return "stall"
-	case errors.Is(err, errTooSlow):
-		return "slow"
-	}
-	return "error"
-}
-
-func cutVerb(kind string) string {
-	switch kind {
-	case "reset":
-		return "reset"
-	case "eof":
-		return "closed"
-	case "stall":
-		return "went silent"
-	case "slow":
-		return "was too slow"
-	}
-	return "failed"
-}
-
-func chunkName(d digest.Digest, start, end int64) string {
-	return fmt.Sprintf("%s range %d-%d", d, start, end-1)
-}
-
-// redacted is a URL without its query, which for a presigned URL is a credential.
-func redacted(u *url.URL) string {
-	c := *u
-	c.RawQuery, c.User = "", nil
-	return c.String()
-}
-
-// parseContentRange parses "bytes first-last/total"; total is -1 when the
-// upstream gives it as "*".
-func parseContentRange(h string) (first, last, total int64, ok bool) {
-	rng, ok := strings.CutPrefix(h, "bytes ")
-	if !ok {
-		return 0, 0, 0, false
-	}
-	span, tot, ok := strings.Cut(rng, "/")
-	if !ok {
-		return 0, 0, 0, false
-	}
-	a, b, ok := strings.Cut(span, "-")
-	if !ok {
-		return 0, 0, 0, false
-	}
-	first, err1 := strconv.ParseInt(a, 10, 64)
-	last, err2 := strconv.ParseInt(b, 10, 64)
-	if tot == "*" {
-		return first, last, -1, err1 == nil && err2 == nil && first >= 0 && last >= first
-	}
-	total, err3 := strconv.ParseInt(tot, 10, 64)
-	return first, last, total, err1 == nil && err2 == nil && err3 == nil && first >= 0 && last >= first && total > last
 }
 
 // backoff is a jittered exponential delay: 100 ms doubling to 5 s.

@@ -5,6 +5,8 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"time"
+
+	"github.com/pullproxy/pullproxy/upstream/plan"
 )
 
 // A lane is one of an endpoint's chunk connection slots (see pipe), with an
@@ -36,25 +38,14 @@ type lane struct {
 	conns  map[dialKey]*chunkConn // nil: the caller's own transport, whose connections are not seen
 }
 
+// The planner's chunk sizes (see package plan), as the transport sizes
+// connections by them.
 const (
-	// minChunkTarget is the least chunk target, and the target while the
-	// endpoint's pace is unknown: a 64 MB/s path delivers it in 16 ms, and
-	// a client reading in order sees the blob stream in steadily.
-	minChunkTarget = 1 << 20
-	// maxChunkTarget and chunkPace: on a short path a chunk is what a
-	// connection brings in chunkPace, up to maxChunkTarget, so that the
-	// bytes in flight stay near the rate times chunkPace. Chunks of 4 MiB
-	// on every path took a pull across a clean 100 ms path to 1.15-1.26x
-	// containerd's own, its 64 connections' last chunks ending together
-	// (pullbench); a long path keeps 1 MiB chunks (see pipe.chunkTarget).
-	maxChunkTarget = 4 << 20
-	chunkPace      = 250 * time.Millisecond
-	// minChunk: a connection with less budget left than this is retired
-	// rather than asked for a short chunk, which would cost a round trip of
-	// its own for little.
-	minChunk = minChunkTarget / 2
-	// severalChunks is the least budget that carries several chunks.
-	severalChunks = 2 * minChunkTarget
+	minChunkTarget = plan.MinChunkTarget
+	maxChunkTarget = plan.MaxChunkTarget
+	chunkPace      = plan.ChunkPace
+	minChunk       = plan.MinChunk
+	severalChunks  = plan.SeveralChunks
 )
 
 // chunkPlan is how the next chunk on a lane is to be fetched.
@@ -65,7 +56,7 @@ type chunkPlan struct {
 	last  bool       // the chunk uses up its connection: warm the next one up
 	// several: the connection's budget holds several chunks (a clean
 	// path's), so a chunk cut shorter near a blob's end costs a request,
-	// not a session (see blobFetch.endgame).
+	// not a session (see plan.Conn).
 	several bool
 }
 
@@ -79,11 +70,9 @@ func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 	}
 	// Larger chunks only once the budget has grown and no session was cut
 	// or stalled lately (renewable): a chunk that stalls holds the rest of
-	// its range until it is hedged, and a path that cuts gains nothing, its
-	// budget being below a chunk. With 4 MiB chunks on probe connections
-	// too, a pull across a carrier stalling sessions at 0 ms took 1.10x
-	// containerd's own (pullbench, one run of three; with this condition,
-	// where such a path keeps 1 MiB chunks, 1.03x and 1.08x in two runs).
+	// its range until it is hedged, so larger chunks on a stalling path
+	// (probes included) leave more waiting on each stall, and a path that
+	// cuts gains nothing, its budget being below a chunk.
 	now := time.Now()
 	renewable := ep.budget.renewable(now)
 	target := int64(minChunkTarget)
@@ -98,29 +87,19 @@ func (l *lane) plan(ep *endpoint, u *url.URL) chunkPlan {
 			renewable = true // its renewal says so, the budget perhaps grown by its probe's win
 		}
 		if !c.retired.Load() {
-			size := chunkSize(left, target)
+			size := plan.ChunkSize(left, target)
 			last := left-size < minChunk && !renewable
 			return chunkPlan{size: size, room: left, last: last, several: c.allowance(ep) >= severalChunks}
 		}
 		delete(l.conns, key)
 	}
 	allowance, probe := ep.budget.next(now, ep.pipe.current())
-	p := chunkPlan{size: chunkSize(allowance, target), room: allowance, several: allowance >= severalChunks}
+	p := chunkPlan{size: plan.ChunkSize(allowance, target), room: allowance, several: allowance >= severalChunks}
 	p.last = allowance-p.size < minChunk
 	if probe {
 		p.probe = &probeConn{budget: ep.budget, allowance: allowance}
 	}
 	return p
-}
-
-// chunkSize is the chunk to ask for on a connection with left bytes of
-// budget: all of it when that is not much more than target (a remainder
-// too small for a chunk of its own goes with this one), else target.
-func chunkSize(left, target int64) int64 {
-	if left <= target+minChunk {
-		return left
-	}
-	return target
 }
 
 // retire closes c, which has used its budget: a probe it carried won.

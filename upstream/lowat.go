@@ -9,20 +9,19 @@ import (
 
 // While a chunk connection reads the body of an answer with well over a
 // mark's worth still to come, its socket wakes the reader only once the mark
-// is queued (SO_RCVLOWAT), not for every segment or two: a cold fetch of the
-// 600 MiB image over a clean path made about 47,000 read calls and 59,000
-// context switches without, 30,000-33,000 and 52,000-54,000 with
-// (cpubench). The mark is what the answer's pace so far brings in half of
-// lowatWait, and at most a quarter of the socket's receive buffer, which the
-// kernel grows as the connection's window opens (a new connection starts at
-// tcp_rmem's 128 KiB): a mark the window could not let in at once would
-// hold the reader until lowatWait for nothing, and one above what the
-// buffer holds makes the kernel clamp the window to it. Bytes slower than
-// the mark expects are not held long: a read that waited lowatWait drops
-// the mark for the rest of the answer, so that a slow answer is read as it
-// comes, and only a silent one meets the stall timeout. Across a long path,
-// where an answer's bytes come in bursts a round trip apart, that is what
-// mostly happens: there the mark saves little, and costs a timer.
+// is queued (SO_RCVLOWAT), not for every segment or two: fewer read calls
+// and context switches for the same bytes. The mark is what the answer's
+// pace so far brings in half of lowatWait, and at most a quarter of the
+// socket's receive buffer, which the kernel grows as the connection's
+// window opens (a new connection starts at tcp_rmem's 128 KiB): a mark the
+// window could not let in at once would hold the reader until lowatWait for
+// nothing, and one above what the buffer holds makes the kernel clamp the
+// window to it. Bytes slower than the mark expects are not held long: a
+// read that waited lowatWait drops the mark for the rest of the answer, so
+// that a slow answer is read as it comes, and only a silent one meets the
+// stall timeout. Across a long path, where an answer's bytes come in bursts
+// a round trip apart, that is what mostly happens: there the mark saves
+// little, and costs a timer.
 //
 // The mark is set on the socket under TLS too: the ciphertext is longer
 // than the body, so counting it against the body's length errs early.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/pullproxy/pullproxy/upstream/plan"
 )
 
 // pipe holds the chunk connections to one endpoint: how many may be in
@@ -43,15 +44,11 @@ import (
 // equals): one blob alone can use the whole pipe; of several, each keeps a
 // connection and the one nearest its end gets the rest. So blobs complete
 // one after another, where sharing evenly has blobs of near sizes complete
-// together: a client commits each (containerd syncs it to disk, 0.15 s for
-// 223 MiB on the test machine) while the others still arrive, rather than
-// queueing those commits after the last byte, and a node's small blobs are
-// never held behind another's large one. Sharing evenly, the incident's two
-// largest layers completed within 0-0.2 s of each other, and at 0 ms a
-// pull ended 0.2-0.3 s after its last byte where containerd's own ended
-// 0.15-0.2 s after it; nearest-end-first, 2-3 s apart, and as soon after
-// as containerd's own (pullbench). Within a blob, the chunk a client waits
-// for is claimed first (see blobFetch.claim).
+// together: a client commits each (containerd syncs it to disk) while the
+// others still arrive, rather than queueing those commits after the last
+// byte, and a node's small blobs are never held behind another's large
+// one. Within a blob, the chunk a client waits for is claimed first (see
+// plan.Planner.Claim).
 type pipe struct {
 	log      *slog.Logger
 	max      int
@@ -108,22 +105,17 @@ const (
 	// minTrimmed is the least trimming takes the limit to, and where a
 	// short path's limit goes at its first measurement. Each connection
 	// more on a blob is bytes written ahead of the hashed prefix, read
-	// back to be hashed: with connections renewed on a clean path, a fetch
-	// of the incident's image through a mirror that had run before took
-	// 2.41 CPU-s through at least 4 connections against 2.81 through 8
-	// (cpubench -warmup, medians of 3), and pulls at 0 ms took 1.01x
-	// containerd's own either way (pullbench). Fewer than 4, when each
-	// connection was replaced after a MiB, left gaps the others did not
-	// fill: at 2 a pull took 5% longer than containerd's own. Trimming
-	// stops anyway where goodput falls (trimKeep). Through 64, the client
-	// took the last MiB in flight after the path had delivered them.
+	// back to be hashed, and more chunks in flight that a client reading in
+	// order receives only at the end; a short path stays full with a few.
+	// Fewer than this leave gaps while a connection is replaced that the
+	// others do not fill. Trimming stops anyway where goodput falls
+	// (trimKeep).
 	minTrimmed = 4
 	// minStalled is the least stalls take the limit to. Stalled
 	// connections hold their slots until stall_timeout, and a budget just
-	// grown past a stalling carrier's cut-off has many stall at once: at 8
-	// stalls cut the limit to 2 within a second, leaving one or two
-	// connections to carry the pull for seconds (a pull took 1.4x
-	// containerd's own; pullbench).
+	// grown past a stalling carrier's cut-off has many stall at once:
+	// without a floor, a burst of stalls would leave one or two connections
+	// to carry the pull for seconds.
 	minStalled = initialConnections / 2
 	// growthHold is how long the limit holds once goodput stopped rising
 	// with it, before trying again; rampHold, when that was within
@@ -342,10 +334,9 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 	case grew && p.stepOpen:
 		// On a long path the step's connections spent the window after it
 		// opening and in slow start: judge the step by the next, against
-		// the goodput before it. Judged at once, a step from 32 to 64
-		// across a 100 ms path was taken back 0.4 s after it, and the
-		// limit held at 32 for the rest of the pull, which took 1.28x
-		// containerd's own (pullbench).
+		// the goodput before it. Judged at once, a step that would have
+		// paid off is taken back, and the limit held low for the rest of
+		// the pull.
 		p.stepped, p.stepOpen, p.lastRate = true, false, prevRate
 		return "", rate
 	case grew && prevRate > 0 && rate < prevRate*1.1:
@@ -357,11 +348,9 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 		if now.Sub(p.rampStart) < rampTime {
 			// Early in a pull a window's goodput says as much about the
 			// client's requests still arriving and the first handshakes
-			// as about the path: a step from 8 to 16 half a second into a
-			// pull at 0 ms measured 35 MB/s of a 64 MB/s path against 37,
-			// and held at 8 for the whole pull (1.10x containerd's own,
-			// against 1.04x when the limit went on to 32-64 and was then
-			// trimmed to 12-24; pullbench). Tried again soon instead.
+			// as about the path: a step that brought nothing yet may
+			// still be needed, and holding for growthHold would keep the
+			// limit low for the whole pull. Tried again soon instead.
 			p.holdUntil = now.Add(rampHold)
 		}
 		p.startTrimLocked()
@@ -429,9 +418,9 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 // metadata client opened the first connections, for the manifests (see
 // setupClock). It reports whether it did. The growth that follows takes
 // the limit up again if the path wants more. Starting at initialConnections
-// on a short path instead, a cold pull opened some 30 connections at once,
-// each a TLS handshake at both ends, and left the path idle for 40-90 ms
-// while they went through (pullbench, at 0 ms).
+// on a short path instead, a cold pull would open tens of connections at
+// once, each a TLS handshake at both ends, and leave the path idle while
+// they go through.
 func (p *pipe) startShortLocked() bool {
 	if p.shortTried || p.limit <= minTrimmed || !p.shortLocked() {
 		return false
@@ -448,10 +437,9 @@ func (p *pipe) startShortLocked() bool {
 // first chunk when the path is already known to be long: its connections
 // open in longSetup or more (see startShortLocked). It reports whether it
 // did. Across such a path each connection spends its first round trips
-// opening and in slow start, and initialConnections of them are a
-// measurement away from filling it: at 100 ms, 32 connections carried 3-25
-// MB/s of a 64 MB/s path in a pull's first window, and the step to 64
-// came 2-2.5 s into the pull (pullbench).
+// opening and in slow start, so initialConnections of them fill only a
+// part of it, and growing to the ceiling a window at a time would take
+// seconds of the pull.
 func (p *pipe) startLongLocked() bool {
 	if p.limit >= p.max || p.setup == nil || p.setup() < longSetup {
 		return false
@@ -484,7 +472,7 @@ func (p *pipe) startTrimLocked() {
 // trimMaxSetup. Only a short path is trimmed. On a long one connections are
 // what covers the bandwidth-delay product, a window holds few chunk
 // lifetimes to judge a step by, and a step down that was wrong costs
-// seconds of goodput to find out and undo (3% of a pull at 100 ms).
+// seconds of goodput to find out and undo.
 func (p *pipe) shortLocked() bool {
 	if p.setup == nil {
 		return false
@@ -532,9 +520,8 @@ var failureNames = [...]string{pipeCut: "a chunk was cut below the budget", pipe
 // failed shrinks the limit after a failure of one of its connections.
 //
 // A stall first undoes trimming: a stalled connection holds its slot for
-// stall_timeout, which a few connections feel most (at 0 ms, a stalling
-// carrier's pulls took 1.12x containerd's own through 4 to 8 connections,
-// against 1.06x through 32 or more: pullbench). That goes for a probe's
+// stall_timeout, which a few connections feel most, as a larger share of
+// them is held. That goes for a probe's
 // stall too, which otherwise leaves the limit alone: finding where the path
 // cuts is what a probe is for.
 func (p *pipe) failed(kind int) {
@@ -596,21 +583,19 @@ func (p *pipe) free() int {
 // holds more. On a short path (see shortLocked) it is what one connection
 // brings in chunkPace at the pace of the last saturated window, within
 // [minChunkTarget, maxChunkTarget]; elsewhere, and while that pace is
-// unknown or stale, minChunkTarget. A chunk is a request: a short path's
-// few connections each carry tens of MB/s, and 1 MiB chunks came 15 a
-// second per connection, each with its request, answer and wake-ups. A
+// unknown or stale, minChunkTarget (see plan.Target). A chunk is a
+// request: a short path's few connections each carry tens of MB/s, and
+// small chunks there mean many requests, answers and wake-ups a second. A
 // long path's many connections each carry little, and a client reading in
-// order waits behind the chunks in flight: larger ones there lengthened
-// the end of a pull (pullbench at 40 ms: 1.04x containerd's own, its tail
-// 0.53 s against 0.22).
+// order waits behind the chunks in flight: larger ones there lengthen the
+// end of a pull.
 func (p *pipe) chunkTarget(now time.Time) int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.connRate == 0 || now.Sub(p.lastAt) > staleRate || !p.shortLocked() {
-		return minChunkTarget
+	if now.Sub(p.lastAt) > staleRate || !p.shortLocked() {
+		return plan.Target(0)
 	}
-	n := int64(p.connRate*chunkPace.Seconds()) &^ (64<<10 - 1)
-	return min(max(n, minChunkTarget), maxChunkTarget)
+	return plan.Target(p.connRate)
 }
 
 // current returns the limit.

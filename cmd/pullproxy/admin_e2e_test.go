@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
@@ -117,7 +118,7 @@ func TestAdminRefusesForgedRequests(t *testing.T) {
 	} {
 		status, body := adminRequest(t, http.DefaultClient, tc.method, p.AdminURL+tc.path, tc.header, tc.body)
 		if status != tc.want {
-			t.Errorf("%s: %d %s, want %d", tc.name, status, truncate(strings.TrimSpace(body), 200), tc.want)
+			t.Errorf("%s: %d %s, want %d", tc.name, status, shorten(strings.TrimSpace(body), 200), tc.want)
 		}
 	}
 	if n := blobsOnDisk(t, data); n != 0 {
@@ -336,7 +337,7 @@ func TestAdminImportOverTheLimitIs413(t *testing.T) {
 	const declared = 64 << 20
 	var sent atomic.Int64
 	req, err := http.NewRequestWithContext(ctx, "POST", "http://x/import?name=big.tar",
-		&countingReader{io.LimitReader(zeroReader{}, declared), &sent})
+		&progress.CountingReader{R: io.LimitReader(zeroReader{}, declared), N: &sent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,4 +471,12 @@ func TestAdminImportFinishesAcrossShutdown(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("the imported image after the restart: %s, want 200 from the store", resp.Status)
 	}
+}
+
+// shorten returns s cut to n bytes, for a failure message.
+func shorten(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/pullproxy/pullproxy/bench/carrier"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
 	"github.com/pullproxy/pullproxy/internal/miniotest"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
@@ -185,7 +186,7 @@ func TestBucketHangingDegrades(t *testing.T) {
 }
 
 // debugBucket reads the replica's /debug/bucket.
-func debugBucket(t *testing.T, p *proxyProcess) bucketStatus {
+func debugBucket(t *testing.T, p *proxyProcess) admin.BucketStatus {
 	t.Helper()
 	client, base := http.DefaultClient, p.AdminURL
 	if socket, ok := strings.CutPrefix(p.AdminURL, "unix:"); ok {
@@ -196,7 +197,7 @@ func debugBucket(t *testing.T, p *proxyProcess) bucketStatus {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var st bucketStatus
+	var st admin.BucketStatus
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatalf("/debug/bucket: %s: %v", resp.Status, err)
 	}

@@ -18,8 +18,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/registry"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/doctor"
 	"github.com/pullproxy/pullproxy/internal/ecrtest"
-	"github.com/pullproxy/pullproxy/internal/miniotest"
 	"github.com/pullproxy/pullproxy/internal/registrytest"
 )
 
@@ -79,19 +79,19 @@ func TestDoctor(t *testing.T) {
 		env      []string
 	}{
 		{name: "works", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "reg.test/team/app:v1", platform: "linux/amd64"},
-		{name: "wrong tag", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "reg.test/team/app:v9", class: "manifest unknown", code: doctorFixHere},
+		{name: "wrong tag", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "reg.test/team/app:v9", class: "manifest unknown", code: doctor.FixHere},
 		{name: "no credentials", upstream: "endpoints: [{url: " + serve(func(w http.ResponseWriter, r *http.Request) bool {
 			w.Header().Set("WWW-Authenticate", `Basic realm="registry"`)
 			ociError(w, http.StatusUnauthorized, "UNAUTHORIZED", "authentication required")
 			return true
-		}) + "}]", ref: "reg.test/team/app:v1", class: "no credentials", code: doctorFixHere},
+		}) + "}]", ref: "reg.test/team/app:v1", class: "no credentials", code: doctor.FixHere},
 		{name: "denied", upstream: "endpoints: [{url: " + serve(func(w http.ResponseWriter, r *http.Request) bool {
 			if strings.Contains(r.URL.Path, "/manifests/") {
 				ociError(w, http.StatusForbidden, "DENIED", "requested access to the resource is denied")
 				return true
 			}
 			return false
-		}) + "}]", ref: "reg.test/team/app:v1", class: "denied", code: doctorFixHere},
+		}) + "}]", ref: "reg.test/team/app:v1", class: "denied", code: doctor.FixHere},
 		{name: "rate limit", upstream: "endpoints: [{url: " + serve(func(w http.ResponseWriter, r *http.Request) bool {
 			if strings.Contains(r.URL.Path, "/manifests/") {
 				w.Header().Set("Ratelimit-Remaining", "0;w=21600")
@@ -100,13 +100,13 @@ func TestDoctor(t *testing.T) {
 				return true
 			}
 			return false
-		}) + "}]", ref: "reg.test/team/app:v1", class: "rate limit", code: doctorFixUpstream},
-		{name: "DNS", upstream: "endpoints: [{url: http://registry.invalid:5000}]", ref: "reg.test/team/app:v1", class: "DNS", code: doctorFixHere},
-		{name: "TLS", upstream: "endpoints: [{url: " + tlsReg.URL() + "}]", ref: "reg.test/team/app:v1", class: "TLS", code: doctorFixHere},
+		}) + "}]", ref: "reg.test/team/app:v1", class: "rate limit", code: doctor.FixUpstream},
+		{name: "DNS", upstream: "endpoints: [{url: http://registry.invalid:5000}]", ref: "reg.test/team/app:v1", class: "DNS", code: doctor.FixHere},
+		{name: "TLS", upstream: "endpoints: [{url: " + tlsReg.URL() + "}]", ref: "reg.test/team/app:v1", class: "TLS", code: doctor.FixHere},
 		{name: "missing platform", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "reg.test/team/app:v1", platform: "linux/s390x",
-			class: "missing platform", code: doctorFixUpstream},
+			class: "missing platform", code: doctor.FixUpstream},
 		{name: "tag missing on a replica", upstream: "endpoints: [{url: " + baseSrv.URL + "}, {url: " + emptySrv.URL + "}]",
-			ref: "reg.test/team/app:v1", class: "tag missing on a replica", code: doctorFixUpstream},
+			ref: "reg.test/team/app:v1", class: "tag missing on a replica", code: doctor.FixUpstream},
 		{name: "blob stored twice", upstream: "endpoints: [{url: " + serve(func(w http.ResponseWriter, r *http.Request) bool {
 			if r.Method == http.MethodHead && strings.HasSuffix(r.URL.Path, layer) {
 				w.Header().Set("Content-Length", fmt.Sprint(2*m.Layers[0].Size))
@@ -114,13 +114,13 @@ func TestDoctor(t *testing.T) {
 				return true
 			}
 			return false
-		}) + "}]", ref: "reg.test/team/app:v1", platform: "linux/amd64", class: "size mismatch", code: doctorFixUpstream},
+		}) + "}]", ref: "reg.test/team/app:v1", platform: "linux/amd64", class: "size mismatch", code: doctor.FixUpstream},
 		{name: "HTTP proxy unreachable", upstream: "endpoints: [{url: https://registry.example}]", ref: "reg.test/team/app:v1",
-			class: "proxy", code: doctorFixHere, env: []string{"HTTPS_PROXY=http://127.0.0.1:1", "NO_PROXY="}},
+			class: "proxy", code: doctor.FixHere, env: []string{"HTTPS_PROXY=http://127.0.0.1:1", "NO_PROXY="}},
 		{name: "credentials refused", upstream: "endpoints: [{url: " + authSrv.URL + "}]\n    auth: {type: basic, username: puller, password_file: " + wrongPassword + "}",
-			ref: "reg.test/team/app:v1", class: "credentials refused", code: doctorFixHere},
+			ref: "reg.test/team/app:v1", class: "credentials refused", code: doctor.FixHere},
 		{name: "upstream not configured", upstream: "endpoints: [{url: " + baseSrv.URL + "}]", ref: "other.test/team/app:v1",
-			class: "configuration", code: doctorFixHere},
+			class: "configuration", code: doctor.FixHere},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,7 +141,7 @@ func TestDoctor(t *testing.T) {
 			} else if err != nil {
 				t.Fatal(err)
 			}
-			var steps []doctorStep
+			var steps []doctor.Step
 			if err := json.Unmarshal(out, &steps); err != nil {
 				t.Fatalf("doctor --json: %v\n%s", err, out)
 			}
@@ -187,7 +187,7 @@ func TestDoctorSeesTheCuts(t *testing.T) {
 	p := startProxy(t, "--config", config)
 	getBody(t, p.URL+"/v2/team/big/blobs/"+pushed.Layers[0].Digest.String()+"?ns=reg.test")
 	out, err := exec.CommandContext(ctx, pullproxyBin, "doctor", "--json", "--config", config, "--server", p.AdminURL, "reg.test/team/big:v1").Output()
-	var steps []doctorStep
+	var steps []doctor.Step
 	if jerr := json.Unmarshal(out, &steps); jerr != nil {
 		t.Fatalf("doctor: %v, %v\n%s", err, jerr, out)
 	}
@@ -198,27 +198,6 @@ func TestDoctorSeesTheCuts(t *testing.T) {
 		}
 	}
 	t.Errorf("doctor did not report the cuts (carrier: %+v):\n%s", path.Stats(), out)
-}
-
-// TestDoctorDisk: a data dir's file system under a tenth free fails,
-// fixed here; more is fine.
-func TestDoctorDisk(t *testing.T) {
-	t.Parallel()
-	for _, tt := range []struct {
-		free, total int64
-		verdict     string
-	}{
-		{9 << 30, 100 << 30, "fail"},
-		{30 << 30, 100 << 30, "ok"},
-	} {
-		d := &doctorRun{cfg: fileConfig{DataDir: t.TempDir()},
-			space: func(string) (int64, int64, error) { return tt.free, tt.total, nil }}
-		d.disk()
-		if len(d.steps) != 1 || d.steps[0].Verdict != tt.verdict ||
-			tt.verdict == "fail" && (d.steps[0].Class != "disk nearly full" || d.steps[0].Where != "here") {
-			t.Errorf("%d of %d free: %+v, want %s", tt.free, tt.total, d.steps, tt.verdict)
-		}
-	}
 }
 
 // TestDoctorECRWrongRegion: an ECR endpoint given the wrong region gets a
@@ -245,10 +224,10 @@ func TestDoctorECRWrongRegion(t *testing.T) {
 		"AWS_CONFIG_FILE="+filepath.Join(dir, "none"), "AWS_SHARED_CREDENTIALS_FILE="+filepath.Join(dir, "none"),
 		"AWS_EC2_METADATA_DISABLED=true")
 	out, err := cmd.Output()
-	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != doctorFixHere {
-		t.Fatalf("doctor: %v, want exit %d\n%s", err, doctorFixHere, out)
+	if ee := (*exec.ExitError)(nil); !errors.As(err, &ee) || ee.ExitCode() != doctor.FixHere {
+		t.Fatalf("doctor: %v, want exit %d\n%s", err, doctor.FixHere, out)
 	}
-	var steps []doctorStep
+	var steps []doctor.Step
 	if err := json.Unmarshal(out, &steps); err != nil {
 		t.Fatal(err)
 	}
@@ -264,33 +243,4 @@ func TestDoctorECRWrongRegion(t *testing.T) {
 		}
 	}
 	t.Errorf("no step failed:\n%s", out)
-}
-
-// TestDoctorBucket: with storage type s3, doctor checks the bucket, and
-// names what is wrong with it.
-func TestDoctorBucket(t *testing.T) {
-	srv := miniotest.ForTest(t, "layers")
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	t.Setenv("AWS_CONFIG_FILE", os.DevNull)
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", os.DevNull)
-	for _, tt := range []struct {
-		name, bucket, secret string
-		verdict, class       string
-	}{
-		{"works", "layers", miniotest.SecretKey, "ok", ""},
-		{"no such bucket", "nope", miniotest.SecretKey, "fail", "bucket missing"},
-		{"wrong secret", "layers", "wrong-secret", "fail", "bucket credentials refused"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Setenv("AWS_ACCESS_KEY_ID", miniotest.AccessKey)
-			t.Setenv("AWS_SECRET_ACCESS_KEY", tt.secret)
-			d := &doctorRun{cfg: fileConfig{Storage: storageConfig{Type: "s3", Bucket: tt.bucket,
-				Endpoint: srv.Endpoint, PathStyle: true}}}
-			d.bucket(t.Context())
-			if len(d.steps) != 1 || d.steps[0].Verdict != tt.verdict || d.steps[0].Class != tt.class ||
-				tt.verdict == "fail" && d.steps[0].Where != "here" {
-				t.Errorf("got %+v, want %s %q", d.steps, tt.verdict, tt.class)
-			}
-		})
-	}
 }

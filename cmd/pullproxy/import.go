@@ -1,29 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"maps"
-	"net/http"
-	"net/url"
 	"os"
-	"slices"
-	"strings"
-	"sync/atomic"
-	"syscall"
-	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/opencontainers/go-digest"
-	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/archive"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 )
 
@@ -34,10 +22,10 @@ import (
 func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("import", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var af archiveFlags
-	af.register(fs)
-	var admin adminFlags
-	admin.register(fs, "import")
+	var af config.CommandFlags
+	af.Register(fs)
+	var endpoint admin.Flags
+	endpoint.Register(fs, "import")
 	retag := fs.Bool("retag", false, "record the archive's tags and repositories even for upstreams that are online (configured, not offline: true)")
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server ADDR] [--retag] FILE.tar...\n\n"+
@@ -57,25 +45,25 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.Usage()
 		return errors.New("import: no archive given")
 	}
-	cfg, err := af.config()
+	cfg, err := af.Load()
 	if err != nil {
 		return err
 	}
-	if admin.server != "" {
-		target, err := admin.target(cfg)
+	if endpoint.Server != "" {
+		target, err := endpoint.Target(cfg)
 		if err != nil {
 			return fmt.Errorf("import: %w", err)
 		}
-		return importThroughServer(ctx, target, fs.Args(), *retag, stdout)
+		return admin.Import(ctx, target, fs.Args(), *retag, stdout)
 	}
 	m, err := openCommandMirror(ctx, cfg, stderr)
 	if errors.Is(err, storage.ErrInUse) {
 		// A server runs on the data dir: through its admin endpoint.
-		target, terr := admin.target(cfg)
+		target, terr := endpoint.Target(cfg)
 		if terr != nil {
 			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
 		}
-		return importThroughServer(ctx, target, fs.Args(), *retag, stdout)
+		return admin.Import(ctx, target, fs.Args(), *retag, stdout)
 	}
 	if err != nil {
 		return err
@@ -83,531 +71,25 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 	defer m.Close()
 	failed := 0
 	for _, file := range fs.Args() {
-		imp := newImporter(m, file, *retag)
+		imp := archive.NewImporter(m, file, *retag)
 		var size int64
 		if fi, err := os.Stat(file); err == nil {
 			size = fi.Size()
 		}
-		report := startProgress(stdout, isTerminal(stdout), "importing "+file, func() (int64, int64, string) {
-			return imp.read.Load(), size, ""
+		report := progress.Start(stdout, progress.IsTerminal(stdout), "importing "+file, func() (int64, int64, string) {
+			return imp.Read(), size, ""
 		})
-		err := imp.run(ctx, cfg.DataDir)
+		err := imp.Run(ctx)
 		report.End()
 		if err != nil {
 			fmt.Fprintf(stdout, "error %s: %v\n", file, err)
 			failed++
 			continue
 		}
-		imp.report(stdout, file)
+		imp.Report(stdout, file)
 	}
 	if failed > 0 {
 		return fmt.Errorf("import: %d of %d archives refused", failed, fs.NArg())
-	}
-	return nil
-}
-
-// importer loads one archive.
-type importer struct {
-	store *storage.Store
-	file  string
-	// mayRetag tells whether the archive may move upstream's tags and
-	// record its repositories: an upstream that is online keeps its own
-	// (the archive's blobs are imported all the same: content-addressed,
-	// they change no answer) unless the operator asks (--retag).
-	mayRetag func(upstream string) bool
-
-	batch  *storage.IngestBatch // what this archive added: taken back on failure
-	bytes  int64
-	read   atomic.Int64 // blob bytes read from the archive so far
-	tagged []importedTag
-	kept   []string // upstreams whose tags the archive left alone
-	// What each repository gets: its digests, and the sizes its manifests
-	// declare (see storage.SetDeclaredSizes), recorded once all is in.
-	members  map[repoKey]map[digest.Digest]int64
-	seenBlob map[digest.Digest]bool
-}
-
-// newImporter returns the importer of file into m's store: tags of m's
-// online upstreams are moved only when retag.
-func newImporter(m *mirror, file string, retag bool) *importer {
-	online := map[string]bool{}
-	for _, u := range m.upstreams {
-		online[u.Name()] = true
-	}
-	return &importer{store: m.store, file: file, mayRetag: func(up string) bool { return retag || !online[up] }}
-}
-
-type repoKey struct{ upstream, repo string }
-
-type importedTag struct {
-	ref       string
-	img       pinnedImage
-	digest    digest.Digest
-	mediaType string
-	size      int64
-}
-
-// errImportCancelled: the import was stopped (SIGTERM, the client gone)
-// and what it added was taken back.
-var errImportCancelled = errors.New("import cancelled")
-
-func (imp *importer) run(ctx context.Context, dataDir string) (err error) {
-	imp.members, imp.seenBlob = map[repoKey]map[digest.Digest]int64{}, map[digest.Digest]bool{}
-	if imp.mayRetag == nil {
-		imp.mayRetag = func(string) bool { return true }
-	}
-	x, err := indexArchive(ctx, imp.file)
-	if err != nil {
-		return imp.cancelled(ctx, err)
-	}
-	defer x.Close()
-	kind, err := archiveKind(x)
-	if err != nil {
-		return err
-	}
-	// Every size the archive declares is checked before anything is
-	// written or evicted.
-	var plan *layoutPlan
-	switch kind {
-	case "oci":
-		if plan, err = imp.planLayout(ctx, x); err != nil {
-			return imp.cancelled(ctx, err)
-		}
-	case "docker":
-		for _, e := range x.entries {
-			if err := imp.store.CheckFits("", e.size); err != nil {
-				return fmt.Errorf("entry %q: %w", e.name, err)
-			}
-		}
-	}
-	if imp.batch, err = imp.store.BeginIngest(); err != nil {
-		return err
-	}
-	defer func() {
-		if err == nil {
-			err = imp.batch.Keep()
-			return
-		}
-		if rerr := imp.batch.Abandon(ctx); rerr != nil {
-			err = errors.Join(err, fmt.Errorf("taking back what it added (the next start does): %w", rerr))
-			return
-		}
-		err = imp.cancelled(ctx, err)
-	}()
-	switch kind {
-	case "oci":
-		err = imp.fromLayout(ctx, x, plan)
-	case "docker":
-		err = imp.fromDockerSave(ctx)
-	}
-	if err != nil {
-		return err
-	}
-	return imp.record(ctx)
-}
-
-// cancelled tells a failure that came of ctx's end as such.
-func (imp *importer) cancelled(ctx context.Context, err error) error {
-	if ctx.Err() == nil {
-		return err
-	}
-	return fmt.Errorf("%w (%v): nothing was kept", errImportCancelled, context.Cause(ctx))
-}
-
-// added returns the blobs the import added.
-func (imp *importer) added() []digest.Digest {
-	if imp.batch == nil {
-		return nil
-	}
-	return imp.batch.Added()
-}
-
-// archiveKind tells an OCI image layout (index.json) from a docker-save
-// tar (manifest.json); one with both (docker save since 25) is read as a
-// docker-save tar, whose manifest.json names its images fully.
-func archiveKind(x *archiveIndex) (string, error) {
-	_, docker := x.entries["manifest.json"]
-	_, oci := x.entries["index.json"]
-	if docker {
-		return "docker", nil
-	}
-	if oci {
-		return "oci", nil
-	}
-	return "", errors.New("neither an OCI image layout (no index.json) nor a docker-save tar (no manifest.json)")
-}
-
-// manifestLimit bounds a manifest or index read from an archive.
-const manifestLimit = 4 << 20
-
-// layoutPlan is what an OCI layout holds, read from its manifests before
-// any blob is: per tagged image, the blobs and manifests to store.
-type layoutPlan struct {
-	blobs     []plannedBlob
-	manifests []plannedManifest
-}
-
-type plannedBlob struct {
-	rk   repoKey
-	d    digest.Digest
-	size int64
-}
-
-type plannedManifest struct {
-	rk        repoKey
-	d         digest.Digest
-	mediaType string
-	raw       []byte
-}
-
-func blobEntryName(d digest.Digest) string {
-	return "blobs/" + string(d.Algorithm()) + "/" + d.Encoded()
-}
-
-// planLayout reads index.json and every manifest it leads to, each
-// verified by its digest, and checks every size they declare against the
-// store's bound and the archive's entries.
-func (imp *importer) planLayout(ctx context.Context, x *archiveIndex) (*layoutPlan, error) {
-	raw, err := x.readSmall(ctx, "index.json", manifestLimit)
-	if err != nil {
-		return nil, err
-	}
-	var idx ocispec.Index
-	if err := json.Unmarshal(raw, &idx); err != nil {
-		return nil, fmt.Errorf("index.json: %w", err)
-	}
-	plan := &layoutPlan{}
-	for _, desc := range idx.Manifests {
-		refName := desc.Annotations[ocispec.AnnotationRefName]
-		img, err := parsePin(refName)
-		if err != nil || !strings.Contains(refName, "/") {
-			return nil, fmt.Errorf("index.json: %s is named %q, not a full reference (registry/repository:tag): "+
-				"export it with pullproxy export, or name it so", desc.Digest, refName)
-		}
-		if err := imp.planManifest(ctx, x, plan, repoKey{img.upstream, img.repo}, desc, 0); err != nil {
-			return nil, fmt.Errorf("%s: %w", refName, err)
-		}
-		imp.tag(refName, img, desc.Digest, desc.MediaType, desc.Size)
-	}
-	return plan, nil
-}
-
-// planManifest plans the manifest or index desc, and what it references.
-func (imp *importer) planManifest(ctx context.Context, x *archiveIndex, plan *layoutPlan, rk repoKey, desc ocispec.Descriptor, depth int) error {
-	if depth > 4 {
-		return errors.New("indexes nested too deep")
-	}
-	d := desc.Digest
-	if err := d.Validate(); err != nil {
-		return fmt.Errorf("descriptor: %w", err)
-	}
-	if desc.Size > manifestLimit {
-		return fmt.Errorf("manifest %s: %d bytes declared, over the %d-byte limit", d, desc.Size, manifestLimit)
-	}
-	r, err := x.open(ctx, blobEntryName(d), desc.Size)
-	if err != nil {
-		return err
-	}
-	raw, err := io.ReadAll(r)
-	if err != nil {
-		return fmt.Errorf("entry %s: %w", blobEntryName(d), err)
-	}
-	if got := d.Algorithm().FromBytes(raw); got != d {
-		return fmt.Errorf("entry %s: its bytes hash to %s", blobEntryName(d), got)
-	}
-	var m struct {
-		MediaType string               `json:"mediaType"`
-		Config    *ocispec.Descriptor  `json:"config"`
-		Layers    []ocispec.Descriptor `json:"layers"`
-		Manifests []ocispec.Descriptor `json:"manifests"`
-	}
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return fmt.Errorf("manifest %s: %w", d, err)
-	}
-	mediaType := desc.MediaType
-	if mediaType == "" {
-		mediaType = m.MediaType
-	}
-	for _, child := range m.Manifests {
-		if err := imp.planManifest(ctx, x, plan, rk, child, depth+1); err != nil {
-			return fmt.Errorf("%s: %w", child.Digest, err)
-		}
-	}
-	blobs := m.Layers
-	if m.Config != nil {
-		blobs = append([]ocispec.Descriptor{*m.Config}, blobs...)
-	}
-	for _, b := range blobs {
-		if strings.Contains(b.MediaType, "nondistributable") || strings.Contains(b.MediaType, "foreign") {
-			continue
-		}
-		if err := b.Digest.Validate(); err != nil {
-			return fmt.Errorf("manifest %s: %w", d, err)
-		}
-		if err := imp.store.CheckFits(b.Digest, b.Size); err != nil {
-			return fmt.Errorf("entry %s: %w", blobEntryName(b.Digest), err)
-		}
-		if _, err := x.open(ctx, blobEntryName(b.Digest), b.Size); err != nil {
-			return err
-		}
-		plan.blobs = append(plan.blobs, plannedBlob{rk, b.Digest, b.Size})
-	}
-	plan.manifests = append(plan.manifests, plannedManifest{rk, d, mediaType, raw})
-	return nil
-}
-
-// fromLayout stores what planLayout found: blobs first, then the
-// manifests that reference them.
-func (imp *importer) fromLayout(ctx context.Context, x *archiveIndex, plan *layoutPlan) error {
-	for _, b := range plan.blobs {
-		r, err := x.open(ctx, blobEntryName(b.d), b.size)
-		if err != nil {
-			return err
-		}
-		if err := imp.blob(ctx, b.rk, b.d, b.size, r); err != nil {
-			return fmt.Errorf("entry %s: %w", blobEntryName(b.d), err)
-		}
-	}
-	for _, m := range plan.manifests {
-		if err := imp.manifest(ctx, m.rk, m.d, m.mediaType, m.raw); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// fromDockerSave imports every tagged image of a docker-save tar.
-func (imp *importer) fromDockerSave(ctx context.Context) error {
-	opener := func() (io.ReadCloser, error) { return os.Open(imp.file) }
-	manifest, err := tarball.LoadManifest(opener)
-	if err != nil {
-		return fmt.Errorf("manifest.json: %w", err)
-	}
-	for _, entry := range manifest {
-		for _, repoTag := range entry.RepoTags {
-			tag, err := name.NewTag(repoTag)
-			if err != nil {
-				return fmt.Errorf("manifest.json: tag %q: %w", repoTag, err)
-			}
-			img, err := tarball.Image(opener, &tag)
-			if err != nil {
-				return fmt.Errorf("%s: %w", repoTag, err)
-			}
-			pin, err := parsePin(repoTag)
-			if err != nil {
-				return fmt.Errorf("manifest.json: %w", err)
-			}
-			if err := imp.image(ctx, repoKey{pin.upstream, pin.repo}, img); err != nil {
-				return fmt.Errorf("%s: %w", repoTag, err)
-			}
-			d, _ := img.Digest()
-			mt, _ := img.MediaType()
-			size, _ := img.Size()
-			imp.tag(repoTag, pin, digestOf(d), string(mt), size)
-		}
-	}
-	return nil
-}
-
-// image imports an image: its config, its layers, its manifest.
-func (imp *importer) image(ctx context.Context, rk repoKey, img v1.Image) error {
-	m, err := img.Manifest()
-	if err != nil {
-		return err
-	}
-	cfg, err := img.RawConfigFile()
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	if err := imp.blob(ctx, rk, digestOf(m.Config.Digest), m.Config.Size, bytes.NewReader(cfg)); err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	for _, ld := range m.Layers {
-		if strings.Contains(string(ld.MediaType), "nondistributable") || strings.Contains(string(ld.MediaType), "foreign") {
-			continue
-		}
-		l, err := img.LayerByDigest(ld.Digest)
-		if err != nil {
-			return fmt.Errorf("layer %s: %w", ld.Digest, err)
-		}
-		rc, err := l.Compressed()
-		if err != nil {
-			return fmt.Errorf("layer %s: %w", ld.Digest, err)
-		}
-		err = imp.blob(ctx, rk, digestOf(ld.Digest), ld.Size, rc)
-		rc.Close()
-		if err != nil {
-			return fmt.Errorf("entry blobs/%s/%s: %w", ld.Digest.Algorithm, ld.Digest.Hex, err)
-		}
-	}
-	raw, err := img.RawManifest()
-	if err != nil {
-		return err
-	}
-	mt, _ := img.MediaType()
-	d, _ := img.Digest()
-	return imp.manifest(ctx, rk, digestOf(d), string(mt), raw)
-}
-
-// blob stores a blob, verified, unless the store holds it.
-func (imp *importer) blob(ctx context.Context, rk repoKey, d digest.Digest, size int64, r io.Reader) error {
-	imp.member(rk, d, size)
-	if imp.seenBlob[d] {
-		return nil
-	}
-	added, err := imp.batch.Ingest(ctx, d, size, countingReader{r, &imp.read})
-	if err != nil {
-		return err
-	}
-	imp.seenBlob[d] = true
-	if added {
-		imp.bytes += size
-	}
-	return nil
-}
-
-// manifest stores a manifest or index, verified by its digest.
-func (imp *importer) manifest(ctx context.Context, rk repoKey, d digest.Digest, mediaType string, raw []byte) error {
-	imp.member(rk, d, int64(len(raw)))
-	added, err := imp.batch.Put(ctx, d, raw)
-	if err != nil {
-		return fmt.Errorf("manifest %s: %w", d, err)
-	}
-	if added {
-		imp.bytes += int64(len(raw))
-	}
-	return imp.store.SetMediaType(ctx, d, mediaType)
-}
-
-func (imp *importer) member(rk repoKey, d digest.Digest, size int64) {
-	if imp.members[rk] == nil {
-		imp.members[rk] = map[digest.Digest]int64{}
-	}
-	imp.members[rk][d] = size
-}
-
-func (imp *importer) tag(ref string, img pinnedImage, d digest.Digest, mediaType string, size int64) {
-	imp.tagged = append(imp.tagged, importedTag{ref: ref, img: img, digest: d, mediaType: mediaType, size: size})
-}
-
-// record writes what the archive's content is: which repositories hold
-// which digests, the tags, and the tag lists, once every blob is in.
-func (imp *importer) record(ctx context.Context) error {
-	for rk, sizes := range imp.members {
-		if !imp.mayRetag(rk.upstream) {
-			if !slices.Contains(imp.kept, rk.upstream) {
-				imp.kept = append(imp.kept, rk.upstream)
-			}
-			continue
-		}
-		if err := imp.store.SetDeclaredSizes(ctx, rk.upstream, rk.repo, sizes); err != nil {
-			return err
-		}
-		if err := imp.store.AddMembers(ctx, rk.upstream, rk.repo, slices.Collect(maps.Keys(sizes))...); err != nil {
-			return err
-		}
-	}
-	now := time.Now()
-	newTags := map[repoKey][]string{}
-	for _, t := range imp.tagged {
-		if _, err := digest.Parse(t.img.ref); err == nil || !imp.mayRetag(t.img.upstream) {
-			continue // by digest, or the upstream's own: no tag
-		}
-		rec := storage.TagRecord{Digest: t.digest, MediaType: t.mediaType, Size: t.size, CheckedAt: now}
-		if err := imp.store.PutTag(ctx, t.img.upstream, t.img.repo, t.img.ref, rec); err != nil {
-			return err
-		}
-		rk := repoKey{t.img.upstream, t.img.repo}
-		newTags[rk] = append(newTags[rk], t.img.ref)
-	}
-	// The whole tag list (the page without n or last), so that listing
-	// clients see the imported tags offline.
-	for rk, tags := range newTags {
-		list, err := imp.store.TagList(ctx, rk.upstream, rk.repo, "")
-		if err != nil && !errors.Is(err, storage.ErrNotFound) {
-			return err
-		}
-		all := slices.Compact(slices.Sorted(slices.Values(append(list.Tags, tags...))))
-		if err := imp.store.PutTagList(ctx, rk.upstream, rk.repo, "", storage.TagListRecord{Tags: all, CheckedAt: now}); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// connectionCut tells whether err is the admin endpoint's connection
-// closed before its answer: the server stopped, or the connection broke.
-func connectionCut(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
-}
-
-// cutMessage tells the operator what an import cut off means: a server
-// takes back what an unfinished import added, at the latest when it
-// starts next.
-func cutMessage(err error) string {
-	return fmt.Sprintf("import cancelled: the admin endpoint closed the connection before the import ended (%v); "+
-		"nothing was kept (the server takes back what an unfinished import added, at the latest when it starts next)", err)
-}
-
-// report writes what the import did to w: each image, and whether its
-// tag was recorded.
-func (imp *importer) report(w io.Writer, name string) {
-	for _, t := range imp.tagged {
-		if imp.mayRetag(t.img.upstream) {
-			fmt.Fprintf(w, "imported %s %s\n", t.ref, t.digest)
-			continue
-		}
-		fmt.Fprintf(w, "imported %s %s: its blobs only; the tag stays %s's, which is online (--retag to move it)\n",
-			t.ref, t.digest, t.img.upstream)
-	}
-	fmt.Fprintf(w, "imported %s: %d images, %d blobs added, %s\n", name, len(imp.tagged), len(imp.added()), humanBytes(imp.bytes))
-}
-
-// importThroughServer sends each archive to a running server's admin
-// endpoint, and copies what it reports to out.
-func importThroughServer(ctx context.Context, server adminTarget, files []string, retag bool, out io.Writer) error {
-	failed := 0
-	for _, file := range files {
-		f, err := os.Open(file)
-		if err != nil {
-			return fmt.Errorf("import: %w", err)
-		}
-		q := url.Values{"name": {file}}
-		if retag {
-			q.Set("retag", "1")
-		}
-		resp, err := adminCall(ctx, server, http.MethodPost, "/import?"+q.Encode(), "application/x-tar", f)
-		f.Close()
-		if connectionCut(err) {
-			fmt.Fprintf(out, "error %s: %s\n", file, cutMessage(err))
-			failed++
-			continue
-		}
-		if errors.Is(err, errAdminRefused) {
-			fmt.Fprintln(out, err)
-			failed++
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("import: %w", err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		text := strings.TrimSpace(string(body))
-		if err != nil && text == "" {
-			fmt.Fprintf(out, "error %s: %s\n", file, cutMessage(err))
-			failed++
-			continue
-		}
-		if err != nil || !strings.HasSuffix(text, "done") {
-			fmt.Fprintln(out, text)
-			failed++
-			continue
-		}
-		fmt.Fprintln(out, strings.TrimSuffix(text, "done"))
-	}
-	if failed > 0 {
-		return fmt.Errorf("import: %d of %d archives refused", failed, len(files))
 	}
 	return nil
 }

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/archivetest"
+
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/pullproxy/pullproxy/internal/registrytest"
@@ -35,12 +37,12 @@ func blobFileNames(t *testing.T, dataDir string) map[string]bool {
 // importSource returns a data dir holding a small image, imported.
 func importSource(ctx context.Context, t *testing.T) string {
 	t.Helper()
-	a := newLayoutArchive()
-	a.image("registry.test/app/held:v1", 1,
-		a.blob(ocispec.MediaTypeImageLayerGzip, layerBytes(1, 300<<10)),
-		a.blob(ocispec.MediaTypeImageLayerGzip, layerBytes(2, 100<<10)))
+	a := archivetest.NewLayout()
+	a.Image("registry.test/app/held:v1", 1,
+		a.Blob(ocispec.MediaTypeImageLayerGzip, archivetest.LayerBytes(1, 300<<10)),
+		a.Blob(ocispec.MediaTypeImageLayerGzip, archivetest.LayerBytes(2, 100<<10)))
 	file := filepath.Join(t.TempDir(), "held.tar")
-	a.write(t, file)
+	a.Write(t, file)
 	data := filepath.Join(t.TempDir(), "data")
 	if out, err := runPullproxy(ctx, t, "import", "--data-dir", data, file); err != nil {
 		t.Fatalf("import: %v\n%s", err, out)
@@ -58,13 +60,13 @@ func TestImportRefusesTooLarge(t *testing.T) {
 	defer cancel()
 	data := importSource(ctx, t)
 	before := blobFileNames(t, data)
-	a := newLayoutArchive()
-	small := a.blob(ocispec.MediaTypeImageLayerGzip, layerBytes(3, 64<<10))
-	huge := a.blob(ocispec.MediaTypeImageLayerGzip, layerBytes(4, 1<<10))
+	a := archivetest.NewLayout()
+	small := a.Blob(ocispec.MediaTypeImageLayerGzip, archivetest.LayerBytes(3, 64<<10))
+	huge := a.Blob(ocispec.MediaTypeImageLayerGzip, archivetest.LayerBytes(4, 1<<10))
 	huge.Size = 10 << 40
-	a.image("registry.test/app/huge:v1", 2, small, huge)
+	a.Image("registry.test/app/huge:v1", 2, small, huge)
 	file := filepath.Join(t.TempDir(), "huge.tar")
-	a.write(t, file)
+	a.Write(t, file)
 	for _, maxSize := range []string{"", "max_size: 1GiB\n"} {
 		out, err := runPullproxy(ctx, t, "import", "--data-dir", data, "--config", writeConfig(t, maxSize+"offline: true\n"), file)
 		if err == nil || !strings.Contains(out, "larger than the store can hold") || !strings.Contains(out, "10995116277760") {
@@ -114,12 +116,12 @@ func TestImportHeldDigestFalseClaims(t *testing.T) {
 	}
 
 	// The archive: the true bytes padded to twice their size, declared so.
-	a := newLayoutArchive()
-	a.file(blobEntryName(layer.Digest), append(trueBytes, make([]byte, len(trueBytes))...))
+	a := archivetest.NewLayout()
+	a.File(archivetest.BlobEntryName(layer.Digest), append(trueBytes, make([]byte, len(trueBytes))...))
 	claimed := ocispec.Descriptor{MediaType: ocispec.MediaTypeImageLayerGzip, Digest: layer.Digest, Size: 2 * layer.Size}
-	a.image(host+"/app/real:v2", 3, claimed)
+	a.Image(host+"/app/real:v2", 3, claimed)
 	file := filepath.Join(t.TempDir(), "claims.tar")
-	a.write(t, file)
+	a.Write(t, file)
 	// No upstream configured for registry.test: the archive may record tags.
 	out, err := runPullproxy(ctx, t, "import", "--data-dir", data, file)
 	if err == nil || !strings.Contains(out, "size mismatch") {
@@ -159,12 +161,12 @@ func TestImportLeavesOnlineTags(t *testing.T) {
 	}
 	const host = "registry.test"
 	config := writeConfig(t, fmt.Sprintf("upstreams:\n  - name: %s\n    endpoints: [{url: %q}]\n", host, reg.URL()))
-	a := newLayoutArchive()
-	layer := a.blob(ocispec.MediaTypeImageLayerGzip, layerBytes(5, 48<<10))
-	archived := a.image(host+"/app/small1:v1", 4, layer)
-	a.image(host+"/app/fresh:v1", 5, layer)
+	a := archivetest.NewLayout()
+	layer := a.Blob(ocispec.MediaTypeImageLayerGzip, archivetest.LayerBytes(5, 48<<10))
+	archived := a.Image(host+"/app/small1:v1", 4, layer)
+	a.Image(host+"/app/fresh:v1", 5, layer)
 	file := filepath.Join(t.TempDir(), "tags.tar")
-	a.write(t, file)
+	a.Write(t, file)
 	data := filepath.Join(t.TempDir(), "data")
 	out, err := runPullproxy(ctx, t, "import", "--data-dir", data, "--config", config, file)
 	if err != nil || !strings.Contains(out, "--retag") {
@@ -209,10 +211,10 @@ func TestImportRefusesSparse(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	a := newLayoutArchive()
-	a.image("registry.test/app/sparse:v1", 6, a.sparseBlob(ocispec.MediaTypeImageLayer, layerBytes(6, 4<<10), 64<<20))
+	a := archivetest.NewLayout()
+	a.Image("registry.test/app/sparse:v1", 6, a.SparseBlob(ocispec.MediaTypeImageLayer, archivetest.LayerBytes(6, 4<<10), 64<<20))
 	file := filepath.Join(t.TempDir(), "sparse.tar")
-	a.write(t, file)
+	a.Write(t, file)
 	data := filepath.Join(t.TempDir(), "data")
 	out, err := runPullproxy(ctx, t, "import", "--data-dir", data, file)
 	if err == nil || !strings.Contains(out, "sparse") {
@@ -238,14 +240,14 @@ func TestImportSIGTERM(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	a := newLayoutArchive()
+	a := archivetest.NewLayout()
 	var layers []ocispec.Descriptor
 	for i := range 8 {
-		layers = append(layers, a.blob(ocispec.MediaTypeImageLayerGzip, layerBytes(uint64(20+i), 16<<20)))
+		layers = append(layers, a.Blob(ocispec.MediaTypeImageLayerGzip, archivetest.LayerBytes(uint64(20+i), 16<<20)))
 	}
-	a.image("registry.test/app/big:v1", 7, layers...)
+	a.Image("registry.test/app/big:v1", 7, layers...)
 	file := filepath.Join(t.TempDir(), "big.tar")
-	a.write(t, file)
+	a.Write(t, file)
 
 	// waitForBlobs waits until the import has committed a blob.
 	waitForBlobs := func(data string) bool {

@@ -19,8 +19,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/logbuffer"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/proxy"
-	"github.com/pullproxy/pullproxy/storage"
 )
 
 // shutdownGrace bounds how long responses in progress may take to finish
@@ -86,7 +89,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "seed":
 		return seed(ctx, args[1:], stdout, stderr)
 	case "doctor":
-		return doctor(ctx, args[1:], stdout, stderr)
+		return doctorCommand(ctx, args[1:], stdout, stderr)
 	case "status":
 		return status(ctx, args[1:], stdout, stderr)
 	case "forget":
@@ -108,21 +111,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return fmt.Errorf("unknown command %q", args[0])
 }
 
-// upstreamFlags collects repeated --upstream flags.
-type upstreamFlags []upstreamConfig
-
-func (f *upstreamFlags) String() string { return "" }
-func (f *upstreamFlags) Set(v string) error {
-	u, err := parseUpstreamFlag(v)
-	if err != nil {
-		return err
-	}
-	*f = append(*f, u)
-	return nil
-}
-
 // serveConfig reads the configuration: defaults, then the file, then flags.
-func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
+func serveConfig(args []string, stderr io.Writer) (config.File, error) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "", "address to serve the registry API on (default 127.0.0.1:5000)")
@@ -134,17 +124,17 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 	adminTokenFile := fs.String("admin-token-file", "", "the bearer token a TCP admin endpoint requires (default DATA-DIR/admin.token, created mode 0600)")
 	offline := fs.Bool("offline", false, "never contact an upstream: serve what the store holds (an air-gapped site)")
 	maxSize := fs.String("max-size", "", "bound on the store: a size (100GiB), a percentage of the data dir's file system (80%), or off (default 85%)")
-	var ups upstreamFlags
+	var ups config.UpstreamFlags
 	fs.Var(&ups, "upstream", "NAME=URL[,URL...]: mirror registry NAME from these endpoints (repeatable)")
 	if err := fs.Parse(args); err != nil {
-		return fileConfig{}, err
+		return config.File{}, err
 	}
 	if fs.NArg() > 0 {
-		return fileConfig{}, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
+		return config.File{}, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
 	}
-	cfg := defaultConfig()
+	cfg := config.Default()
 	if *configPath != "" {
-		if err := loadConfigFile(*configPath, &cfg); err != nil {
+		if err := config.LoadFile(*configPath, &cfg); err != nil {
 			return cfg, err
 		}
 	}
@@ -167,18 +157,18 @@ func serveConfig(args []string, stderr io.Writer) (fileConfig, error) {
 		cfg.AdminTokenFile = *adminTokenFile
 	}
 	if *maxSize != "" {
-		b, err := parseStoreBound(*maxSize)
+		b, err := config.ParseStoreBound(*maxSize)
 		if err != nil {
 			return cfg, fmt.Errorf("--max-size: %w", err)
 		}
 		cfg.MaxSize = b
 	}
 	cfg.CPUProfile = *cpuProfile
-	cfg.Upstreams = withDefaultUpstreams(mergeUpstreams(cfg.Upstreams, ups))
-	return cfg, cfg.validate()
+	cfg.Upstreams = config.WithDefaultUpstreams(config.MergeUpstreams(cfg.Upstreams, ups))
+	return cfg, cfg.Validate()
 }
 
-func newLogger(cfg fileConfig, w io.Writer) (*slog.Logger, error) {
+func newLogger(cfg config.File, w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); err != nil {
 		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", cfg.LogLevel)
@@ -198,13 +188,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	logOut := newLogBuffer(stderr)
+	logOut := logbuffer.New(stderr)
 	defer logOut.Close()
 	log, err := newLogger(cfg, logOut)
 	if err != nil {
 		return err
 	}
-	log = slog.New(flushingHandler{log.Handler(), logOut})
+	log = slog.New(logbuffer.FlushOnWarn(log.Handler(), logOut))
 	requestLog, err := proxy.NewRequestLog(logOut, cfg.LogFormat)
 	if err != nil {
 		return err
@@ -217,13 +207,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		defer stop()
 	}
 
-	m, err := openMirror(ctx, cfg, log, requestLog, true)
+	m, err := mirror.Open(ctx, cfg, log, requestLog, true)
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	srv, names, maxConns := m.srv, m.names, m.maxConns
-	listenTLS, err := cfg.TLS.serverTLS(log)
+	srv, names, maxConns := m.Server, m.Names, m.MaxConns
+	listenTLS, err := cfg.TLS.ServerTLS(log)
 	if err != nil {
 		return err
 	}
@@ -245,13 +235,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	stopAdmin := func(context.Context) {}
-	adminLn, err := listenAdmin(adminAddress(cfg))
+	adminLn, err := admin.Listen(cfg.AdminAddress())
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	if adminLn != nil {
-		admin, err := startAdmin(m, adminLn, cfg.DataDir, adminTokenFile(cfg), log)
+		adminSrv, err := admin.Start(m, adminLn, cfg.DataDir, cfg.AdminTokenPath(), log)
 		if err != nil {
 			adminLn.Close()
 			ln.Close()
@@ -261,9 +251,9 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		defer func() {
 			ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 			defer cancel()
-			admin.shutdown(ctx)
+			adminSrv.Shutdown(ctx)
 		}()
-		stopAdmin = admin.shutdown
+		stopAdmin = adminSrv.Shutdown
 		addr := adminLn.Addr().String()
 		if adminLn.Addr().Network() == "unix" {
 			addr = "unix:" + addr
@@ -314,48 +304,4 @@ func startCPUProfile(path string) (stop func(), err error) {
 		pprof.StopCPUProfile()
 		f.Close()
 	}, nil
-}
-
-// maxClientConnectionsCap is the most client connections allowed by
-// default, however high the descriptor limit.
-const maxClientConnectionsCap = 16384
-
-// scrubDelay is how long after start the first scrub pass waits: a mirror
-// just started is often filling, and a pass is no hurry.
-const scrubDelay = 10 * time.Minute
-
-// runScrubs runs a scrub pass every interval (from one start to the next)
-// until ctx ends, and logs what each found.
-func runScrubs(ctx context.Context, sc *storage.Scrubber, interval time.Duration, log *slog.Logger) {
-	next := time.Now().Add(scrubDelay)
-	for {
-		t := time.NewTimer(time.Until(next))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		start := time.Now()
-		next = start.Add(interval)
-		st, err := sc.Scrub(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if err != nil {
-			log.Warn("scrub pass failed", "err", err, "blobs", st.Blobs, "bytes", st.Bytes)
-			continue
-		}
-		log.Info("scrub pass done", "blobs", st.Blobs, "bytes", st.Bytes, "damaged", st.Damaged,
-			"took", time.Since(start).Round(time.Second))
-	}
-}
-
-// deref is *p, or the zero value for nil.
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

@@ -8,11 +8,10 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 
-	"github.com/distribution/reference"
-
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/nodeconfig"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -68,10 +67,10 @@ func nodeConfig(args []string, stdout, stderr io.Writer) error {
 			registries = append(registries, d.Name)
 		}
 	}
-	var regs []nodeRegistry
+	var regs []nodeconfig.Registry
 	for _, v := range registries {
-		r, err := parseRegistry(v)
-		if err == nil && *crio && strings.HasPrefix(r.name, "[") {
+		r, err := nodeconfig.ParseRegistry(v)
+		if err == nil && *crio && strings.HasPrefix(r.Name, "[") {
 			err = errors.New("CRI-O's mirror location cannot name an IPv6 address; use a host name")
 		}
 		if err != nil {
@@ -82,11 +81,11 @@ func nodeConfig(args []string, stdout, stderr io.Writer) error {
 	files := map[string]string{}
 	var order []string
 	if *crio {
-		files[*crioFile], order = crioRegistries(m, regs, *noFallback), []string{*crioFile}
+		files[*crioFile], order = nodeconfig.CRIORegistries(m, regs, *noFallback), []string{*crioFile}
 	} else {
 		for _, r := range regs {
-			path := filepath.Join(*dir, r.name, "hosts.toml")
-			files[path] = hostsTOML(m, r, *noFallback)
+			path := filepath.Join(*dir, r.Name, "hosts.toml")
+			files[path] = nodeconfig.HostsTOML(m, r, *noFallback)
 			order = append(order, path)
 		}
 	}
@@ -98,7 +97,7 @@ func nodeConfig(args []string, stdout, stderr io.Writer) error {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			return fmt.Errorf("node-config: %w", err)
 		}
-		if err := writeFileAtomic(path, []byte(files[path])); err != nil {
+		if err := fsutil.WriteFile(path, []byte(files[path])); err != nil {
 			return fmt.Errorf("node-config: %w", err)
 		}
 		fmt.Fprintf(stderr, "wrote %s\n", path)
@@ -110,130 +109,5 @@ func nodeConfig(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "# Enable the directory in /etc/containerd/config.toml, then restart containerd:\n"+
 		"#   containerd 1.x:\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = %q\n"+
 		"#   containerd 2.x:\n[plugins.\"io.containerd.cri.v1.images\".registry]\n  config_path = %q\n", *dir, *dir)
-	return nil
-}
-
-// nodeRegistry is a registry a node pulls through the mirror.
-type nodeRegistry struct {
-	name   string // host[:port], canonical: containerd's directory, CRI-O's prefix
-	scheme string // how the registry itself is reached: "https" or "http"
-}
-
-// registryHostPattern is a registry host, optionally with a port, as an
-// image reference spells it.
-var registryHostPattern = regexp.MustCompile(`^(?:` + reference.DomainRegexp.String() + `)$`)
-
-// parseRegistry reads a --registry value: NAME, http://NAME or https://NAME,
-// NAME being a host, optionally with a port. The scheme says how the node
-// reaches the registry itself, when it falls back to it.
-func parseRegistry(v string) (nodeRegistry, error) {
-	r := nodeRegistry{name: v, scheme: "https"}
-	if strings.Contains(v, "://") {
-		u, err := url.Parse(v)
-		switch {
-		case err != nil:
-			return r, fmt.Errorf("not a URL: %w", err)
-		case u.Scheme != "http" && u.Scheme != "https":
-			return r, fmt.Errorf("scheme %s: want http:// or https://", u.Scheme)
-		case u.User != nil:
-			return r, errors.New("has credentials: they belong in the node's own auth config")
-		case strings.Trim(u.Path, "/") != "" || u.RawPath != "":
-			return r, errors.New("has a path: want a registry host, e.g. http://registry.internal:5000")
-		case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
-			return r, errors.New("has a query or fragment: want a registry host, e.g. http://registry.internal:5000")
-		}
-		r.name, r.scheme = u.Host, u.Scheme
-	}
-	if !registryHostPattern.MatchString(r.name) {
-		return r, errors.New("want a registry host, optionally with :PORT and http:// or https://, e.g. docker.io or http://registry.internal:5000")
-	}
-	r.name = upstream.CanonicalName(r.name)
-	if r.name == upstream.DockerHub && r.scheme == "http" {
-		return r, errors.New("docker.io is served over https only")
-	}
-	return r, nil
-}
-
-// host is where a node reaches the registry itself: Docker Hub's API is
-// not at docker.io.
-func (r nodeRegistry) host() string {
-	if r.name == upstream.DockerHub {
-		return "registry-1.docker.io"
-	}
-	return r.name
-}
-
-// server is the URL a node reaches the registry itself at.
-func (r nodeRegistry) server() string { return r.scheme + "://" + r.host() }
-
-// mirrorPrefix is the registry's name as the first path component of its
-// mirror location: HOST_PORT for HOST:PORT, as a repository path cannot
-// hold a colon (podman refuses the reference). pullproxy routes either form.
-func (r nodeRegistry) mirrorPrefix() string {
-	if i := strings.LastIndexByte(r.name, ':'); i >= 0 {
-		return r.name[:i] + "_" + r.name[i+1:]
-	}
-	return r.name
-}
-
-// hostsTOML is containerd's hosts.toml for registry: the mirror first,
-// then the registry itself. containerd always appends the registry as its
-// last host; without fallback it is given only the push capability, so
-// that no pull or resolve goes to it.
-func hostsTOML(mirror *url.URL, registry nodeRegistry, noFallback bool) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# %s through pullproxy; written by pullproxy node-config.\n", registry.name)
-	fmt.Fprintf(&b, "# containerd adds ?ns=%s to each request to the mirror, so pullproxy knows the upstream.\n", registry.name)
-	fmt.Fprintf(&b, "server = %q\n", registry.server())
-	if noFallback {
-		b.WriteString("# No fallback: the registry itself is never asked for a pull.\ncapabilities = [\"push\"]\n")
-	}
-	fmt.Fprintf(&b, "\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", mirror.String())
-	return b.String()
-}
-
-// crioRegistries is a registries.conf drop-in: each registry's mirror is
-// the mirror with the registry's name (HOST_PORT for a port) as the first
-// path component, as pullproxy routes requests that carry no ns.
-// insecure lets CRI-O and podman speak plain HTTP to a location.
-func crioRegistries(mirror *url.URL, registries []nodeRegistry, noFallback bool) string {
-	var b strings.Builder
-	b.WriteString("# CRI-O and podman through pullproxy; written by pullproxy node-config.\n")
-	b.WriteString("# The mirror's path names the registry; a port is written _PORT, as a path cannot hold a colon.\n")
-	mirrorInsecure := mirror.Scheme == "http"
-	for _, r := range registries {
-		through := mirror.Host + "/" + r.mirrorPrefix()
-		if noFallback {
-			// CRI-O pulls from location once every mirror failed: there,
-			// location is the mirror too.
-			fmt.Fprintf(&b, "\n[[registry]]\nprefix = %q\nlocation = %q\ninsecure = %v\n", r.name, through, mirrorInsecure)
-			continue
-		}
-		fmt.Fprintf(&b, "\n[[registry]]\nprefix = %q\nlocation = %q\ninsecure = %v\n", r.name, r.host(), r.scheme == "http")
-		fmt.Fprintf(&b, "\n[[registry.mirror]]\nlocation = %q\ninsecure = %v\n", through, mirrorInsecure)
-	}
-	return b.String()
-}
-
-// writeFileAtomic replaces path with b: a reader never sees half a file.
-func writeFileAtomic(path string, b []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".pullproxy-*")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.Write(b)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return errors.Join(fmt.Errorf("writing %s", path), err)
-	}
 	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/pullproxy/pullproxy/bench/carrier"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/doctor"
 )
 
 // TestProbeMeasuresTheCarrier: probe, against the incident's carrier set
@@ -54,7 +55,7 @@ func TestProbeMeasuresTheCarrier(t *testing.T) {
 		if err != nil {
 			t.Fatalf("probe: %v\n%s", err, out)
 		}
-		var got []probeSummary
+		var got []doctor.ProbeSummary
 		if err := json.Unmarshal(out, &got); err != nil || len(got) != 2 {
 			t.Fatalf("probe --json: %v\n%s", err, out)
 		}
@@ -112,7 +113,7 @@ func TestProbeImage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("probe: %v\n%s", err, out)
 	}
-	var got []probeSummary
+	var got []doctor.ProbeSummary
 	if err := json.Unmarshal(out, &got); err != nil || len(got) != 1 {
 		t.Fatalf("probe --json: %v\n%s", err, out)
 	}

@@ -1,31 +1,20 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"net/http"
 	"os"
-	"runtime"
 	"strings"
-	"time"
 
-	"github.com/pullproxy/pullproxy/proxy"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 )
-
-// seedRequest is what seed asks of a running server's admin endpoint.
-type seedRequest struct {
-	Refs      []string `json:"refs"`
-	Platforms []string `json:"platforms,omitempty"`
-	Referrers bool     `json:"referrers,omitempty"`
-}
 
 // seed runs `pullproxy seed`: it fetches images into the store before they
 // are needed, on a data dir no server runs on, or through a running
@@ -33,10 +22,10 @@ type seedRequest struct {
 func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("seed", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var af archiveFlags
-	af.register(fs)
-	var admin adminFlags
-	admin.register(fs, "seed")
+	var af config.CommandFlags
+	af.Register(fs)
+	var endpoint admin.Flags
+	endpoint.Register(fs, "seed")
 	platforms := fs.String("platform", "", "os/arch[/variant],... of an index's images to seed, or all (default: this machine's, linux/"+hostArch()+")")
 	referrers := fs.Bool("referrers", false, "seed what refers to the images too (signatures, SBOMs)")
 	file := fs.String("f", "", "a file of references, one per line (# comments)")
@@ -61,7 +50,7 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fs.Usage()
 		return errors.New("seed: no image given")
 	}
-	req := seedRequest{Refs: refs, Referrers: *referrers}
+	req := mirror.SeedRequest{Refs: refs, Referrers: *referrers}
 	switch *platforms {
 	case "all":
 	case "":
@@ -69,90 +58,31 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		req.Platforms = strings.Split(*platforms, ",")
 	}
-	cfg, err := af.config()
+	cfg, err := af.Load()
 	if err != nil {
 		return err
 	}
-	if admin.server != "" {
-		target, err := admin.target(cfg)
+	if endpoint.Server != "" {
+		target, err := endpoint.Target(cfg)
 		if err != nil {
 			return fmt.Errorf("seed: %w", err)
 		}
-		return seedThroughServer(ctx, target, req, stdout)
+		return admin.Seed(ctx, target, req, stdout)
 	}
 	m, err := openCommandMirror(ctx, cfg, stderr)
 	if errors.Is(err, storage.ErrInUse) {
 		// A server runs on the data dir: through its admin endpoint.
-		target, terr := admin.target(cfg)
+		target, terr := endpoint.Target(cfg)
 		if terr != nil {
 			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
 		}
-		return seedThroughServer(ctx, target, req, stdout)
+		return admin.Seed(ctx, target, req, stdout)
 	}
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	return seedImages(ctx, m.srv, req, stdout, isTerminal(stdout))
-}
-
-// seedImages seeds each image of req into srv's store, reporting progress
-// to out: a line redrawn in place on a terminal, else a line now and then.
-func seedImages(ctx context.Context, srv *proxy.Server, req seedRequest, out io.Writer, terminal bool) error {
-	failed := 0
-	for _, ref := range req.Refs {
-		img, err := parsePin(ref)
-		if err != nil {
-			fmt.Fprintf(out, "error %s: %v\n", ref, err)
-			failed++
-			continue
-		}
-		progress := &proxy.SeedProgress{}
-		start := time.Now()
-		report := startProgress(out, terminal, "seeding "+ref, func() (int64, int64, string) {
-			return progress.BytesDone.Load(), progress.BytesTotal.Load(),
-				fmt.Sprintf("blobs %d/%d", progress.BlobsDone.Load(), progress.BlobsTotal.Load())
-		})
-		d, err := srv.Seed(ctx, img.upstream, img.repo, img.ref, proxy.SeedOptions{
-			Platforms: req.Platforms, Referrers: req.Referrers, Progress: progress})
-		report.End()
-		if err != nil {
-			fmt.Fprintf(out, "error %s: %v\n", ref, err)
-			failed++
-			continue
-		}
-		fmt.Fprintf(out, "seeded %s %s: %d blobs, %s in %s\n", ref, d, progress.BlobsDone.Load(),
-			humanBytes(progress.BytesTotal.Load()), time.Since(start).Round(time.Millisecond))
-	}
-	if failed > 0 {
-		return fmt.Errorf("seed: %d of %d images failed", failed, len(req.Refs))
-	}
-	return nil
-}
-
-// seedThroughServer asks a running server's admin endpoint to seed, and
-// copies what it reports to out.
-func seedThroughServer(ctx context.Context, server adminTarget, req seedRequest, out io.Writer) error {
-	body, _ := json.Marshal(req)
-	resp, err := adminCall(ctx, server, http.MethodPost, "/seed", "application/json", bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("seed: %w", err)
-	}
-	defer resp.Body.Close()
-	ok := false
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "done" {
-			ok = true
-			continue
-		}
-		fmt.Fprintln(out, line)
-	}
-	if !ok {
-		return errors.New("seed: some images failed, or the server stopped before the end")
-	}
-	return nil
+	return m.Seed(ctx, req, stdout, progress.IsTerminal(stdout))
 }
 
 // readRefFile reads references, one per line; blank lines and # comments
@@ -171,26 +101,3 @@ func readRefFile(path string) ([]string, error) {
 	}
 	return refs, nil
 }
-
-// levelFloor drops records below its level: a command's output is its
-// progress, with only warnings and errors of the log.
-type levelFloor struct {
-	slog.Handler
-	min slog.Level
-}
-
-func (h levelFloor) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.min && h.Handler.Enabled(ctx, l)
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	fi, err := f.Stat()
-	return err == nil && fi.Mode()&os.ModeCharDevice != 0
-}
-
-// hostArch is this machine's architecture, as image indexes name it.
-func hostArch() string { return runtime.GOARCH }

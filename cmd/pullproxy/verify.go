@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"runtime"
 
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
+	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
 	"github.com/pullproxy/pullproxy/storage"
 )
 
@@ -57,9 +59,9 @@ func verify(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := fs.Parse(args); err != nil {
 		return &exitError{code: verifyFailed, err: err}
 	}
-	cfg := defaultConfig()
+	cfg := config.Default()
 	if *configPath != "" {
-		if err := loadConfigFile(*configPath, &cfg); err != nil {
+		if err := config.LoadFile(*configPath, &cfg); err != nil {
 			return &exitError{code: verifyFailed, err: err}
 		}
 	}
@@ -94,7 +96,7 @@ func verify(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			if total > 0 {
 				pct = 100 * float64(done) / float64(total)
 			}
-			fmt.Fprintf(stderr, "verified %s of %s (%.0f%%)\n", humanBytes(done), humanBytes(total), pct)
+			fmt.Fprintf(stderr, "verified %s of %s (%.0f%%)\n", progress.Bytes(done), progress.Bytes(total), pct)
 		}
 	}
 	problems, err := store.Verify(ctx, opts)
@@ -125,18 +127,4 @@ func verify(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return &exitError{code: verifyRepaired}
 	}
 	return &exitError{code: verifyFound}
-}
-
-// humanBytes writes n in binary units.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

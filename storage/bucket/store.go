@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strconv"
 
@@ -32,20 +33,90 @@ const mediaTypeKey = "media-type"
 // same digest until it is revalidated. A failure of the bucket is logged
 // and the local store answers alone: a replica keeps serving when the
 // bucket does not.
+//
+// Every method of the local store it serves is written out below, each
+// saying whether the bucket takes part: a method added to the local store
+// is not served past the bucket unseen.
 type Store struct {
-	*storage.Store
-	b *Bucket
+	local *storage.Store
+	b     *Bucket
 }
 
 // NewStore puts b behind local.
 func NewStore(local *storage.Store, b *Bucket) *Store {
-	return &Store{Store: local, b: b}
+	return &Store{local: local, b: b}
+}
+
+// Blobs are shared through Fetch (a download follows the bucket's parts
+// or the whole object), not through the store: these are the local
+// store's alone.
+
+// OpenBlob opens a blob stored locally.
+func (s *Store) OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64, error) {
+	return s.local.OpenBlob(ctx, d)
+}
+
+// OpenBlobFD opens a blob stored locally, for the blob loop's sendfile.
+func (s *Store) OpenBlobFD(ctx context.Context, d digest.Digest) (storage.BlobFD, error) {
+	return s.local.OpenBlobFD(ctx, d)
+}
+
+// StatBlob returns the size of a blob stored locally.
+func (s *Store) StatBlob(ctx context.Context, d digest.Digest) (int64, error) {
+	return s.local.StatBlob(ctx, d)
+}
+
+// NewPartial starts or resumes a local download of d.
+func (s *Store) NewPartial(ctx context.Context, d digest.Digest, size int64) (*storage.Partial, error) {
+	return s.local.NewPartial(ctx, d, size)
+}
+
+// Touch records a local blob's use, for eviction.
+func (s *Store) Touch(ctx context.Context, d digest.Digest) error { return s.local.Touch(ctx, d) }
+
+// PutBlob stores a manifest locally; SetMediaType, which follows it,
+// shares it.
+func (s *Store) PutBlob(ctx context.Context, d digest.Digest, b []byte) error {
+	return s.local.PutBlob(ctx, d, b)
+}
+
+// Blob returns a local blob's record.
+func (s *Store) Blob(ctx context.Context, d digest.Digest) (storage.BlobRecord, error) {
+	return s.local.Blob(ctx, d)
+}
+
+// Tag lists and referrers are kept per replica: each asks its upstream,
+// and a stale page costs a client nothing a revalidation does not fix.
+
+// TagList returns a page of a tag list kept locally.
+func (s *Store) TagList(ctx context.Context, upstream, repo, query string) (storage.TagListRecord, error) {
+	return s.local.TagList(ctx, upstream, repo, query)
+}
+
+// PutTagList keeps a page of a tag list locally.
+func (s *Store) PutTagList(ctx context.Context, upstream, repo, query string, rec storage.TagListRecord) error {
+	return s.local.PutTagList(ctx, upstream, repo, query, rec)
+}
+
+// Repositories lists the repositories this replica knows.
+func (s *Store) Repositories(ctx context.Context) ([]string, error) {
+	return s.local.Repositories(ctx)
+}
+
+// Referrers returns the referrers of subject kept locally.
+func (s *Store) Referrers(ctx context.Context, upstream, repo string, subject digest.Digest) (storage.ReferrersRecord, error) {
+	return s.local.Referrers(ctx, upstream, repo, subject)
+}
+
+// PutReferrers keeps the referrers of subject locally.
+func (s *Store) PutReferrers(ctx context.Context, upstream, repo string, subject digest.Digest, rec storage.ReferrersRecord) error {
+	return s.local.PutReferrers(ctx, upstream, repo, subject, rec)
 }
 
 // ReadBlob reads a manifest (or another small blob) from the local store,
 // or else from the bucket, verified against d and then kept locally.
 func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, limit int64) ([]byte, error) {
-	body, err := s.Store.ReadBlob(ctx, d, limit)
+	body, err := s.local.ReadBlob(ctx, d, limit)
 	if !errors.Is(err, storage.ErrNotFound) {
 		return body, err
 	}
@@ -65,11 +136,11 @@ func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, limit int64) ([]b
 		s.b.delete(ctx, "delete_manifest", s.b.manifestKey(d))
 		return nil, err
 	}
-	if err := s.Store.PutBlob(ctx, d, body); err != nil {
+	if err := s.local.PutBlob(ctx, d, body); err != nil {
 		return nil, err
 	}
 	if mt := o.metadata[mediaTypeKey]; mt != "" {
-		if err := s.Store.SetMediaType(ctx, d, mt); err != nil {
+		if err := s.local.SetMediaType(ctx, d, mt); err != nil {
 			return nil, err
 		}
 	}
@@ -79,10 +150,10 @@ func (s *Store) ReadBlob(ctx context.Context, d digest.Digest, limit int64) ([]b
 // SetMediaType records a manifest's media type, and shares the manifest
 // (stored with PutBlob just before) with the other replicas.
 func (s *Store) SetMediaType(ctx context.Context, d digest.Digest, mediaType string) error {
-	if err := s.Store.SetMediaType(ctx, d, mediaType); err != nil {
+	if err := s.local.SetMediaType(ctx, d, mediaType); err != nil {
 		return err
 	}
-	body, err := s.Store.ReadBlob(ctx, d, maxManifestSize)
+	body, err := s.local.ReadBlob(ctx, d, maxManifestSize)
 	if err != nil {
 		return nil // not a manifest: nothing to share
 	}
@@ -106,12 +177,12 @@ func (s *Store) Tag(ctx context.Context, upstream, repo, tag string) (storage.Ta
 	} else if !errors.Is(err, storage.ErrNotFound) && !isTimeout(ctx, err) {
 		s.b.log.Warn("reading a tag from the shared bucket: answering from the local store", "err", err)
 	}
-	return s.Store.Tag(ctx, upstream, repo, tag)
+	return s.local.Tag(ctx, upstream, repo, tag)
 }
 
 // PutTag records a tag locally and in the bucket.
 func (s *Store) PutTag(ctx context.Context, upstream, repo, tag string, rec storage.TagRecord) error {
-	if err := s.Store.PutTag(ctx, upstream, repo, tag, rec); err != nil {
+	if err := s.local.PutTag(ctx, upstream, repo, tag, rec); err != nil {
 		return err
 	}
 	body, err := json.Marshal(rec)
@@ -128,7 +199,7 @@ func (s *Store) PutTag(ctx context.Context, upstream, repo, tag string, rec stor
 // IsMember reports whether d is known to be in the repository: locally,
 // or else as the bucket records (then kept locally).
 func (s *Store) IsMember(ctx context.Context, upstream, repo string, d digest.Digest) (bool, error) {
-	if known, err := s.Store.IsMember(ctx, upstream, repo, d); known || err != nil {
+	if known, err := s.local.IsMember(ctx, upstream, repo, d); known || err != nil {
 		return known, err
 	}
 	_, err := s.sharedMember(ctx, upstream, repo, d)
@@ -156,9 +227,9 @@ func (s *Store) sharedMember(ctx context.Context, upstream, repo string, d diges
 		}
 	}
 	if declared >= 0 {
-		err = s.Store.SetDeclaredSizes(ctx, upstream, repo, map[digest.Digest]int64{d: declared})
+		err = s.local.SetDeclaredSizes(ctx, upstream, repo, map[digest.Digest]int64{d: declared})
 	} else {
-		err = s.Store.AddMembers(ctx, upstream, repo, d)
+		err = s.local.AddMembers(ctx, upstream, repo, d)
 	}
 	if err != nil {
 		s.b.log.Warn("recording a digest as a repository's", "digest", d, "err", err)
@@ -172,7 +243,7 @@ const declaredSizeKey = "declared-size"
 
 // AddMembers records digests as the repository's, locally and in the bucket.
 func (s *Store) AddMembers(ctx context.Context, upstream, repo string, ds ...digest.Digest) error {
-	if err := s.Store.AddMembers(ctx, upstream, repo, ds...); err != nil {
+	if err := s.local.AddMembers(ctx, upstream, repo, ds...); err != nil {
 		return err
 	}
 	s.shareMembers(ctx, upstream, repo, ds, nil)
@@ -182,7 +253,7 @@ func (s *Store) AddMembers(ctx context.Context, upstream, repo string, ds ...dig
 // SetDeclaredSizes records the sizes a manifest of the repository declares
 // (and so that the repository holds those digests), locally and in the bucket.
 func (s *Store) SetDeclaredSizes(ctx context.Context, upstream, repo string, sizes map[digest.Digest]int64) error {
-	if err := s.Store.SetDeclaredSizes(ctx, upstream, repo, sizes); err != nil {
+	if err := s.local.SetDeclaredSizes(ctx, upstream, repo, sizes); err != nil {
 		return err
 	}
 	s.shareMembers(ctx, upstream, repo, slices.Collect(maps.Keys(sizes)), sizes)
@@ -192,7 +263,7 @@ func (s *Store) SetDeclaredSizes(ctx context.Context, upstream, repo string, siz
 // DeclaredSize returns the size a manifest of the repository declared for
 // d, as recorded locally or else in the bucket.
 func (s *Store) DeclaredSize(ctx context.Context, upstream, repo string, d digest.Digest) (int64, error) {
-	n, err := s.Store.DeclaredSize(ctx, upstream, repo, d)
+	n, err := s.local.DeclaredSize(ctx, upstream, repo, d)
 	if !errors.Is(err, storage.ErrNotFound) {
 		return n, err
 	}

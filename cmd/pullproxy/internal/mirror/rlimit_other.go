@@ -1,0 +1,5 @@
+//go:build !unix
+
+package mirror
+
+func defaultMaxClientConnections() int { return maxClientConnectionsCap }
