@@ -120,7 +120,7 @@ func serveConfig(args []string, stderr io.Writer) (config.File, error) {
 	configPath := fs.String("config", "", "YAML configuration file")
 	logLevel := fs.String("log-level", "", "debug, info, warn or error (default info)")
 	cpuProfile := fs.String("cpu-profile", "", "write a CPU profile of the run to this file, for go tool pprof")
-	adminListen := fs.String("admin-listen", "", "address of the admin endpoint (seed, import, export, status): unix:/path, a loopback host:port, or off (default unix:DATA-DIR/admin.sock)")
+	adminListen := fs.String("admin-listen", "", "address of the admin endpoint (seed, import, export, forget, status): unix:/path, a loopback host:port, or off (default unix:DATA-DIR/admin.sock)")
 	adminTokenFile := fs.String("admin-token-file", "", "the bearer token a TCP admin endpoint requires (default DATA-DIR/admin.token, created mode 0600)")
 	offline := fs.Bool("offline", false, "never contact an upstream: serve what the store holds (an air-gapped site)")
 	maxSize := fs.String("max-size", "", "bound on the store: a size (100GiB), a percentage of the data dir's file system (80%), or off (default 85%)")
