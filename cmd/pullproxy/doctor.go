@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
-	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -19,22 +17,15 @@ import (
 // step against its configured upstream, and says for each step whether it
 // works, and if not, what kind of failure it is and the fix.
 func doctorCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var af config.CommandFlags
-	af.Register(fs)
-	platform := fs.String("platform", "linux/"+hostArch(), "the platform a node pulls")
-	asJSON := fs.Bool("json", false, "print JSON")
-	var endpoint admin.Flags
-	endpoint.Register(fs, "read the live state of the path (cut rates)")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy doctor REF [--platform os/arch] [--json] [--config FILE] [--server ADDR]\n\n"+
+	c := newMirrorCommand("doctor", "read the live state of the path (cut rates)",
+		"usage: pullproxy doctor REF [--platform os/arch] [--json] [--config FILE] [--server ADDR]\n\n"+
 			"Walks the pull of REF (docker.io/library/alpine:3.20) against its configured upstream: DNS, TCP,\n"+
 			"TLS, the /v2/ challenge, credentials, the manifest, the platform, the config and every layer by\n"+
 			"HEAD, the path's cuts and the local disk. Exit status: 0 it works; 1 something to fix here\n"+
-			"(configuration, credentials, network, disk); 2 an upstream problem; 3 doctor could not run.\n\n")
-		fs.PrintDefaults()
-	}
+			"(configuration, credentials, network, disk); 2 an upstream problem; 3 doctor could not run.\n\n", stderr)
+	fs := c.flags
+	platform := fs.String("platform", "linux/"+hostArch(), "the platform a node pulls")
+	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args); err != nil {
 		return &exitError{code: doctor.CannotRun, err: err}
 	}
@@ -42,11 +33,11 @@ func doctorCommand(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fs.Usage()
 		return &exitError{code: doctor.CannotRun, err: errors.New("doctor: want one image reference")}
 	}
-	cfg, err := af.Load()
+	cfg, err := c.config()
 	if err != nil {
 		return &exitError{code: doctor.CannotRun, err: err}
 	}
-	server, serverErr := doctorAdmin(endpoint, cfg)
+	server, serverErr := doctorAdmin(c.admin, cfg)
 	steps := doctor.Diagnose(ctx, cfg, fs.Arg(0), doctor.Options{Platform: *platform, Server: server, ServerErr: serverErr})
 	if *asJSON {
 		enc := json.NewEncoder(stdout)

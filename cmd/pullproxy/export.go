@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -14,27 +13,19 @@ import (
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/fsutil"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
-	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // export runs `pullproxy export`: an OCI image-layout archive of images,
 // from the store, fetched first where the store lacks them.
 func export(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("export", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var af config.CommandFlags
-	af.Register(fs)
-	out := fs.String("o", "", "the archive to write (an OCI image layout as a tar)")
-	var endpoint admin.Flags
-	endpoint.Register(fs, "export")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy export -o FILE.tar [--data-dir DIR | --config FILE | --server ADDR] REF...\n\n"+
+	c := newMirrorCommand("export", "export",
+		"usage: pullproxy export -o FILE.tar [--data-dir DIR | --config FILE | --server ADDR] REF...\n\n"+
 			"Writes an OCI image-layout archive of the images, every platform, from the store (fetching what\n"+
 			"it lacks), each tagged with its full reference (org.opencontainers.image.ref.name). skopeo\n"+
-			"(oci-archive:), crane and ctr image import read it; pullproxy import loads it elsewhere.\n\n")
-		fs.PrintDefaults()
-	}
+			"(oci-archive:), crane and ctr image import read it; pullproxy import loads it elsewhere.\n\n", stderr)
+	fs := c.flags
+	out := fs.String("o", "", "the archive to write (an OCI image layout as a tar)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -50,29 +41,17 @@ func export(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		pins = append(pins, p)
 	}
-	cfg, err := af.Load()
+	cfg, err := c.config()
 	if err != nil {
 		return err
-	}
-	if endpoint.Server != "" {
-		target, err := endpoint.Target(cfg)
-		if err != nil {
-			return fmt.Errorf("export: %w", err)
-		}
-		return admin.Export(ctx, target, fs.Args(), *out, stdout)
 	}
 	cfg.Upstreams = withStoreOnlyUpstreams(cfg.Upstreams, pins)
-	m, err := openCommandMirror(ctx, cfg, stderr)
-	if errors.Is(err, storage.ErrInUse) {
-		// A server runs on the data dir: through its admin endpoint.
-		target, terr := endpoint.Target(cfg)
-		if terr != nil {
-			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
-		}
-		return admin.Export(ctx, target, fs.Args(), *out, stdout)
-	}
+	m, server, err := c.open(ctx, cfg, stderr)
 	if err != nil {
 		return err
+	}
+	if server != nil {
+		return admin.Export(ctx, *server, fs.Args(), *out, stdout)
 	}
 	defer m.Close()
 	err = fsutil.WriteFileFunc(*out, func(w io.Writer) error {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"time"
@@ -11,23 +10,15 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
-	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 )
 
 // forget runs `pullproxy forget DIGEST...`.
 func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("forget", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var af config.CommandFlags
-	af.Register(fs)
-	var endpoint admin.Flags
-	endpoint.Register(fs, "forget")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy forget [--data-dir DIR | --config FILE | --server ADDR] DIGEST...\n\n"+
+	c := newMirrorCommand("forget", "forget",
+		"usage: pullproxy forget [--data-dir DIR | --config FILE | --server ADDR] DIGEST...\n\n"+
 			"After a blob that failed verification was deleted upstream and pushed again: ask every\n"+
-			"endpoint for it again at once, instead of after its wait (1 minute, doubling to 30).\n\n")
-		fs.PrintDefaults()
-	}
+			"endpoint for it again at once, instead of after its wait (1 minute, doubling to 30).\n\n", stderr)
+	fs := c.flags
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -40,13 +31,13 @@ func forget(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("forget: %q is not a digest: %w", arg, err)
 		}
 	}
-	cfg, err := af.Load()
+	cfg, err := c.config()
 	if err != nil {
 		return err
 	}
-	target, err := endpoint.Target(cfg)
+	target, err := c.target(cfg)
 	if err != nil {
-		return fmt.Errorf("forget: %w", err)
+		return err
 	}
 	for _, arg := range fs.Args() {
 		ans, err := admin.Forget(ctx, target, arg)

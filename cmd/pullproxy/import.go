@@ -3,16 +3,13 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/archive"
-	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
-	"github.com/pullproxy/pullproxy/storage"
 )
 
 // importArchives runs `pullproxy import`: OCI image-layout archives and
@@ -20,24 +17,17 @@ import (
 // recorded under their registries' names, so that a site without any
 // upstream serves them (serve --offline).
 func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("import", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var af config.CommandFlags
-	af.Register(fs)
-	var endpoint admin.Flags
-	endpoint.Register(fs, "import")
-	retag := fs.Bool("retag", false, "record the archive's tags and repositories even for upstreams that are online (configured, not offline: true)")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy import [--data-dir DIR | --config FILE | --server ADDR] [--retag] FILE.tar...\n\n"+
+	c := newMirrorCommand("import", "import",
+		"usage: pullproxy import [--data-dir DIR | --config FILE | --server ADDR] [--retag] FILE.tar...\n\n"+
 			"Loads OCI image-layout archives (pullproxy export, skopeo oci-archive:) and docker-save tars\n"+
 			"(crane pull, docker save) into the store, verifying every digest and size, and records their\n"+
 			"tags (full references: docker.io/library/alpine:3.20). An archive with a bad entry is refused\n"+
 			"whole and leaves the store as it was, as does an import cancelled.\n\n"+
 			"Tags are recorded only for upstreams that are not online (offline: true, or not configured;\n"+
 			"without a config the public registries are configured): an online upstream's tags stay the\n"+
-			"upstream's, and its blobs are imported. --retag records them all the same.\n\n")
-		fs.PrintDefaults()
-	}
+			"upstream's, and its blobs are imported. --retag records them all the same.\n\n", stderr)
+	fs := c.flags
+	retag := fs.Bool("retag", false, "record the archive's tags and repositories even for upstreams that are online (configured, not offline: true)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -45,28 +35,16 @@ func importArchives(ctx context.Context, args []string, stdout, stderr io.Writer
 		fs.Usage()
 		return errors.New("import: no archive given")
 	}
-	cfg, err := af.Load()
+	cfg, err := c.config()
 	if err != nil {
 		return err
 	}
-	if endpoint.Server != "" {
-		target, err := endpoint.Target(cfg)
-		if err != nil {
-			return fmt.Errorf("import: %w", err)
-		}
-		return admin.Import(ctx, target, fs.Args(), *retag, stdout)
-	}
-	m, err := openCommandMirror(ctx, cfg, stderr)
-	if errors.Is(err, storage.ErrInUse) {
-		// A server runs on the data dir: through its admin endpoint.
-		target, terr := endpoint.Target(cfg)
-		if terr != nil {
-			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
-		}
-		return admin.Import(ctx, target, fs.Args(), *retag, stdout)
-	}
+	m, server, err := c.open(ctx, cfg, stderr)
 	if err != nil {
 		return err
+	}
+	if server != nil {
+		return admin.Import(ctx, *server, fs.Args(), *retag, stdout)
 	}
 	defer m.Close()
 	failed := 0

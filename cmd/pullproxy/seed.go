@@ -3,38 +3,28 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/admin"
-	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
-	"github.com/pullproxy/pullproxy/storage"
 )
 
 // seed runs `pullproxy seed`: it fetches images into the store before they
 // are needed, on a data dir no server runs on, or through a running
 // server's admin endpoint (--server).
 func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("seed", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var af config.CommandFlags
-	af.Register(fs)
-	var endpoint admin.Flags
-	endpoint.Register(fs, "seed")
+	c := newMirrorCommand("seed", "seed",
+		"usage: pullproxy seed [--platform os/arch,...|all] [--referrers] [--data-dir DIR | --config FILE | --server ADDR] REF... | -f FILE\n\n"+
+			"Fetches images into the store before they are needed. REF names the upstream first:\n"+
+			"docker.io/library/alpine:3.20, ghcr.io/org/app@sha256:...\n\n", stderr)
+	fs := c.flags
 	platforms := fs.String("platform", "", "os/arch[/variant],... of an index's images to seed, or all (default: this machine's, linux/"+hostArch()+")")
 	referrers := fs.Bool("referrers", false, "seed what refers to the images too (signatures, SBOMs)")
 	file := fs.String("f", "", "a file of references, one per line (# comments)")
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: pullproxy seed [--platform os/arch,...|all] [--referrers] [--data-dir DIR | --config FILE | --server ADDR] REF... | -f FILE\n\n"+
-			"Fetches images into the store before they are needed. REF names the upstream first:\n"+
-			"docker.io/library/alpine:3.20, ghcr.io/org/app@sha256:...\n\n")
-		fs.PrintDefaults()
-	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -58,28 +48,16 @@ func seed(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		req.Platforms = strings.Split(*platforms, ",")
 	}
-	cfg, err := af.Load()
+	cfg, err := c.config()
 	if err != nil {
 		return err
 	}
-	if endpoint.Server != "" {
-		target, err := endpoint.Target(cfg)
-		if err != nil {
-			return fmt.Errorf("seed: %w", err)
-		}
-		return admin.Seed(ctx, target, req, stdout)
-	}
-	m, err := openCommandMirror(ctx, cfg, stderr)
-	if errors.Is(err, storage.ErrInUse) {
-		// A server runs on the data dir: through its admin endpoint.
-		target, terr := endpoint.Target(cfg)
-		if terr != nil {
-			return fmt.Errorf("%w; and its admin endpoint: %w", err, terr)
-		}
-		return admin.Seed(ctx, target, req, stdout)
-	}
+	m, server, err := c.open(ctx, cfg, stderr)
 	if err != nil {
 		return err
+	}
+	if server != nil {
+		return admin.Seed(ctx, *server, req, stdout)
 	}
 	defer m.Close()
 	return m.Seed(ctx, req, stdout, progress.IsTerminal(stdout))

@@ -2,8 +2,6 @@ package main
 
 import (
 	"io"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -20,18 +18,9 @@ func urls(u config.Upstream) []string {
 	return out
 }
 
-func writeFile(t *testing.T, content string) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "pullproxy.yaml")
-	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 func TestServeConfig(t *testing.T) {
 	t.Parallel()
-	file := writeFile(t, `
+	file := writeConfig(t, `
 listen: 0.0.0.0:6000
 data_dir: /var/lib/pullproxy
 tag_ttl: 30s
@@ -117,7 +106,7 @@ func TestServeConfigErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			args := tc.args
 			if tc.file != "" {
-				args = append(args, "--config", writeFile(t, tc.file))
+				args = append(args, "--config", writeConfig(t, tc.file))
 			}
 			_, err := serveConfig(args, io.Discard)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {

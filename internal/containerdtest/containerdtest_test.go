@@ -57,21 +57,12 @@ func TestContentFetchThroughPlainHTTPMirror(t *testing.T) {
 	requireTools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-
-	reqs := &requestLog{}
-	reg := httptest.NewServer(reqs.wrap(registry.New(registry.Logger(log.New(io.Discard, "", 0)))))
-	t.Cleanup(reg.Close)
-
-	img, err := random.Image(1024, 2)
+	m := startMirror(ctx, t)
+	layers, err := m.img.Layers()
 	if err != nil {
 		t.Fatal(err)
 	}
-	pushImage(ctx, t, reg.URL, "test/app", "v1", img)
-	layers, err := img.Layers()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want []string
+	want := []string{m.manifest.String(), m.config.String()}
 	for _, l := range layers {
 		dig, err := l.Digest()
 		if err != nil {
@@ -79,30 +70,15 @@ func TestContentFetchThroughPlainHTTPMirror(t *testing.T) {
 		}
 		want = append(want, dig.String())
 	}
-	manifestDigest, err := img.Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	configDigest, err := img.ConfigName()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want = append(want, manifestDigest.String(), configDigest.String())
 
 	start := time.Now()
 	d, err := Start(ctx, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
+	stopAtCleanup(t, d)
 	t.Logf("containerd ready in %v (socket %s)", time.Since(start), d.Address())
-
-	const host = "registry.invalid:5000"
-	hostsDir, err := d.WriteHostsDir(host, reg.URL)
+	hostsDir, err := d.WriteHostsDir(mirroredHost, m.reg.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,13 +90,11 @@ func TestContentFetchThroughPlainHTTPMirror(t *testing.T) {
 	if len(before) != 0 {
 		t.Fatalf("content store not empty before fetch: %v", before)
 	}
-
-	out, err := d.ContentFetch(ctx, hostsDir, host+"/test/app:v1")
+	out, err := d.ContentFetch(ctx, hostsDir, mirroredHost+"/test/app:v1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("ctr content fetch output:\n%s", out)
-
 	got, err := d.ContentDigests(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -130,9 +104,48 @@ func TestContentFetchThroughPlainHTTPMirror(t *testing.T) {
 			t.Errorf("digest %s missing from content store %v", dig, got)
 		}
 	}
+	m.requireMirrored(t)
+}
 
-	// Every request reached the mirror and named the upstream registry.
-	seen := reqs.all()
+// mirroredHost is the registry the tests' images are pulled as, through
+// the mirror: a name no resolver knows, so a fallback to it fails loudly.
+const mirroredHost = "registry.invalid:5000"
+
+// testMirror is an in-process registry standing in for a mirror, with one
+// image pushed as test/app:v1.
+type testMirror struct {
+	reqs             *requestLog
+	reg              *httptest.Server
+	img              v1.Image
+	manifest, config v1.Hash
+}
+
+func startMirror(ctx context.Context, t *testing.T) *testMirror {
+	t.Helper()
+	m := &testMirror{reqs: &requestLog{}}
+	m.reg = httptest.NewServer(m.reqs.wrap(registry.New(registry.Logger(log.New(io.Discard, "", 0)))))
+	t.Cleanup(m.reg.Close)
+	// The CRI plugin unpacks what it pulls: random.Image's layers are real tarballs.
+	img, err := random.Image(1024, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushImage(ctx, t, m.reg.URL, "test/app", "v1", img)
+	m.img = img
+	if m.manifest, err = img.Digest(); err != nil {
+		t.Fatal(err)
+	}
+	if m.config, err = img.ConfigName(); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// requireMirrored checks that containerd's requests reached the mirror
+// naming the upstream registry (ns=).
+func (m *testMirror) requireMirrored(t *testing.T) {
+	t.Helper()
+	seen := m.reqs.all()
 	var mirrored int
 	for _, r := range seen {
 		if strings.Contains(r, "ns=registry.invalid%3A5000") {
@@ -143,6 +156,15 @@ func TestContentFetchThroughPlainHTTPMirror(t *testing.T) {
 		t.Errorf("no mirror request carried ns=registry.invalid%%3A5000; requests: %v", seen)
 	}
 	t.Logf("registry requests:\n%s", strings.Join(seen, "\n"))
+}
+
+// stopAtCleanup stops d when the test ends.
+func stopAtCleanup(t *testing.T, d *Daemon) {
+	t.Cleanup(func() {
+		if err := d.Stop(); err != nil {
+			t.Errorf("Stop: %v", err)
+		}
+	})
 }
 
 func TestStopIsIdempotentAndStartChecksDir(t *testing.T) {
@@ -251,25 +273,7 @@ func TestCrictlPullThroughPlainHTTPMirror(t *testing.T) {
 	requireCRITools(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-
-	reqs := &requestLog{}
-	reg := httptest.NewServer(reqs.wrap(registry.New(registry.Logger(log.New(io.Discard, "", 0)))))
-	t.Cleanup(reg.Close)
-
-	// The CRI plugin unpacks what it pulls: the layers must be real tarballs.
-	img, err := random.Image(1024, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pushImage(ctx, t, reg.URL, "test/app", "v1", img)
-	manifestDigest, err := img.Digest()
-	if err != nil {
-		t.Fatal(err)
-	}
-	configDigest, err := img.ConfigName()
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := startMirror(ctx, t)
 
 	dir := t.TempDir()
 	start := time.Now()
@@ -277,15 +281,9 @@ func TestCrictlPullThroughPlainHTTPMirror(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := d.Stop(); err != nil {
-			t.Errorf("Stop: %v", err)
-		}
-	})
+	stopAtCleanup(t, d)
 	t.Logf("containerd with CRI ready in %v (socket %s)", time.Since(start), d.Address())
-
-	const host = "registry.invalid:5000"
-	hostsDir, err := d.WriteHostsDir(host, reg.URL)
+	hostsDir, err := d.WriteHostsDir(mirroredHost, m.reg.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,39 +291,26 @@ func TestCrictlPullThroughPlainHTTPMirror(t *testing.T) {
 		t.Fatalf("WriteHostsDir wrote %s, want the CRI's config_path %s", hostsDir, dir+"/hosts")
 	}
 
-	ref := host + "/test/app:v1"
+	ref := mirroredHost + "/test/app:v1"
 	out, err := d.CrictlPull(ctx, ref)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("crictl pull output:\n%s", out)
-
 	got, err := d.CrictlImage(ctx, ref)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.ID != configDigest.String() {
-		t.Errorf("image ID %s, want the config digest %s", got.ID, configDigest)
+	if got.ID != m.config.String() {
+		t.Errorf("image ID %s, want the config digest %s", got.ID, m.config)
 	}
-	if want := host + "/test/app@" + manifestDigest.String(); !slices.Contains(got.RepoDigests, want) {
+	if want := mirroredHost + "/test/app@" + m.manifest.String(); !slices.Contains(got.RepoDigests, want) {
 		t.Errorf("repo digests %v, want %s among them", got.RepoDigests, want)
 	}
 	if !slices.Contains(got.RepoTags, ref) {
 		t.Errorf("repo tags %v, want %s among them", got.RepoTags, ref)
 	}
-
-	// Every request reached the mirror and named the upstream registry.
-	seen := reqs.all()
-	var mirrored int
-	for _, r := range seen {
-		if strings.Contains(r, "ns=registry.invalid%3A5000") {
-			mirrored++
-		}
-	}
-	if mirrored == 0 {
-		t.Errorf("no mirror request carried ns=registry.invalid%%3A5000; requests: %v", seen)
-	}
-	t.Logf("registry requests:\n%s", strings.Join(seen, "\n"))
+	m.requireMirrored(t)
 }
 
 // TestCrictlNeedsCRIDaemon: the crictl helpers refuse a daemon without CRI
