@@ -26,6 +26,7 @@ import (
 
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/bucket"
+	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -44,7 +45,7 @@ type Upstream interface {
 	Referrers(ctx context.Context, repo string, subject digest.Digest) ([]json.RawMessage, error)
 	// FetchBlob writes a blob into w and reports how: the endpoint that
 	// served it, chunks, cuts.
-	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (upstream.FetchReport, error)
+	FetchBlob(ctx context.Context, repo string, d digest.Digest, w content.Writer) (upstream.FetchReport, error)
 	// ReportCorrupt says that the blob an endpoint served failed verification.
 	ReportCorrupt(d digest.Digest, endpoint string, cause error)
 	// ReportVerified says that the blob an endpoint served verified:
