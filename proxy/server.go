@@ -331,7 +331,7 @@ type SharedBlobs interface {
 	BlobURL(ctx context.Context, d digest.Digest) (string, error)
 	// Redirect says whether GETs of blobs it holds are redirected to it.
 	Redirect() bool
-	Fetch(ctx context.Context, dl bucket.Download, confirm, fetch func(context.Context) error) (*bucket.Fetch, error)
+	Fetch(ctx context.Context, dl content.Download, confirm, fetch func(context.Context) error) (*bucket.Fetch, error)
 }
 
 // WithSharedBlobs puts a tier of blobs shared with other replicas behind
