@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -235,7 +236,7 @@ func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d di
 		}
 	} else if size, err = rt.up.HeadBlob(r.Context(), rt.repo, d); err == nil && size < 0 {
 		// The upstream's HEAD gave no size: the download will learn it.
-		var p inflight
+		var p content.Reader
 		if p, _, err = s.downloads.join(r.Context(), rt, d); err == nil {
 			size, err = p.WaitStarted(r.Context())
 		} else if errors.Is(err, errStored) {
@@ -280,7 +281,7 @@ func (s *Server) declaredHead(ctx context.Context, rt route, d digest.Digest, si
 //
 // own says the download was started for rt's upstream and repository: once
 // the upstream has started sending, the blob is known to be there.
-func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route, p inflight, own bool) {
+func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route, p content.Reader, own bool) {
 	ctx := r.Context()
 	s.metrics.waiters.Add(1)
 	defer s.metrics.waiters.Add(-1)
@@ -324,7 +325,7 @@ func (s *Server) serveDownload(w http.ResponseWriter, r *http.Request, rt route,
 
 // copyAvailable copies [start, end) of the download to w, waiting for bytes
 // as they land. Copying from the *os.File lets net/http use sendfile.
-func copyAvailable(ctx context.Context, w io.Writer, f *os.File, p inflight, start, end int64) error {
+func copyAvailable(ctx context.Context, w io.Writer, f *os.File, p content.Reader, start, end int64) error {
 	for off := start; off < end; {
 		n, err := p.WaitAvailable(ctx, off)
 		if err != nil {

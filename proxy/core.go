@@ -13,6 +13,7 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -118,7 +119,7 @@ func (s *Server) EnsureBlob(ctx context.Context, upstreamName, repo string, d di
 
 // waitLanded waits until every byte of the download p has landed and the
 // whole verified (the last bytes are held back until it does).
-func waitLanded(ctx context.Context, p inflight, landed func(n int64)) error {
+func waitLanded(ctx context.Context, p content.Reader, landed func(n int64)) error {
 	if _, err := p.WaitStarted(ctx); err != nil {
 		return err
 	}

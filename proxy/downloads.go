@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -16,24 +15,8 @@ import (
 
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/bucket"
+	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream"
-)
-
-// inflight is what a client's request sees of a download: its bytes, as
-// they land. The writing side is the fetcher's: an upstream.BlobWriter.
-type inflight interface {
-	Digest() digest.Digest
-	// WaitStarted returns the blob's size once the upstream has started
-	// sending it: a response's status is decided only then.
-	WaitStarted(ctx context.Context) (int64, error)
-	WaitAvailable(ctx context.Context, off int64) (int64, error)
-	Open() (*os.File, error)
-}
-
-// The seam between a download's two sides.
-var (
-	_ inflight            = (*storage.Partial)(nil)
-	_ upstream.BlobWriter = (*storage.Partial)(nil)
 )
 
 // errShuttingDown refuses new downloads once the server is closing.
@@ -78,7 +61,7 @@ func newDownloads(s *Server, timeout time.Duration) *downloads {
 // repository. A download started for another is joined only if d is known
 // to be in rt's repository too (see inRepository). It returns errStored if
 // d was committed meanwhile.
-func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (inflight, bool, error) {
+func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (content.Reader, bool, error) {
 	for {
 		t.mu.Lock()
 		dl, running := t.m[d]
@@ -319,7 +302,7 @@ func (t *downloads) running() int {
 
 // lookup returns the running download of d, if any, without starting one,
 // and whether it is rt's own (see join).
-func (t *downloads) lookup(rt route, d digest.Digest) (inflight, bool) {
+func (t *downloads) lookup(rt route, d digest.Digest) (content.Reader, bool) {
 	t.mu.Lock()
 	dl := t.m[d]
 	t.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -56,7 +57,7 @@ func (o offlineUpstream) Referrers(ctx context.Context, repo string, subject dig
 	return nil, o.miss(repo, "the referrers of "+subject.String())
 }
 
-func (o offlineUpstream) FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (upstream.FetchReport, error) {
+func (o offlineUpstream) FetchBlob(ctx context.Context, repo string, d digest.Digest, w content.Writer) (upstream.FetchReport, error) {
 	return upstream.FetchReport{}, o.miss(repo, "blob "+d.String())
 }
 

@@ -26,6 +26,7 @@ import (
 
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/bucket"
+	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -44,7 +45,7 @@ type Upstream interface {
 	Referrers(ctx context.Context, repo string, subject digest.Digest) ([]json.RawMessage, error)
 	// FetchBlob writes a blob into w and reports how: the endpoint that
 	// served it, chunks, cuts.
-	FetchBlob(ctx context.Context, repo string, d digest.Digest, w upstream.BlobWriter) (upstream.FetchReport, error)
+	FetchBlob(ctx context.Context, repo string, d digest.Digest, w content.Writer) (upstream.FetchReport, error)
 	// ReportCorrupt says that the blob an endpoint served failed verification.
 	ReportCorrupt(d digest.Digest, endpoint string, cause error)
 	// ReportVerified says that the blob an endpoint served verified:
@@ -330,7 +331,7 @@ type SharedBlobs interface {
 	BlobURL(ctx context.Context, d digest.Digest) (string, error)
 	// Redirect says whether GETs of blobs it holds are redirected to it.
 	Redirect() bool
-	Fetch(ctx context.Context, dl bucket.Download, confirm, fetch func(context.Context) error) (*bucket.Fetch, error)
+	Fetch(ctx context.Context, dl content.Download, confirm, fetch func(context.Context) error) (*bucket.Fetch, error)
 }
 
 // WithSharedBlobs puts a tier of blobs shared with other replicas behind

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/storage/content"
 )
 
 // HoldBack is how many bytes at the end of a blob readers of a download are
@@ -74,6 +76,11 @@ type Partial struct {
 	checkpointing   atomic.Bool
 	background      sync.WaitGroup // a checkpoint running; ended before the file is closed
 }
+
+// A download is one thing to the code around it: the fetchers write
+// through content.Writer, the requests serving it read through
+// content.Reader.
+var _ content.Download = (*Partial)(nil)
 
 // NewPartial starts a download of d, or resumes the one an earlier run left
 // if it was recorded (see checkpoint.go). size is the expected size, or -1

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -16,26 +15,10 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream/plan"
 	"golang.org/x/sync/errgroup"
 )
-
-// BlobWriter receives a blob's bytes from FetchBlob, at their offsets, in
-// any order and from several goroutines at once.
-type BlobWriter interface {
-	io.WriterAt
-	// Size returns the size the blob must have, or -1 when not yet known.
-	Size() int64
-	// SetSize records the blob's size. It fails when that contradicts a size
-	// already known.
-	SetSize(n int64) error
-	// Missing returns the first range at or after off not yet written, as
-	// [start, end); start == end when nothing is missing. Needs a known size.
-	Missing(off int64) (start, end int64)
-	// Wanted returns the offsets clients are waiting at, ascending: the
-	// chunks there are fetched first.
-	Wanted() []int64
-}
 
 // FetchBlob writes blob d of repo into w as HTTP Range requests (chunks),
 // several at once, on connections that each carry at most the endpoint's
@@ -44,7 +27,7 @@ type BlobWriter interface {
 // one. It returns the endpoint (as Endpoints names it) that completed the
 // blob. The digest is not checked here: w's owner does that once every
 // byte is in, and reports a mismatch with ReportCorrupt.
-func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w BlobWriter) (FetchReport, error) {
+func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w content.Writer) (FetchReport, error) {
 	var stats fetchStats
 	eps, err := r.usableFor(repo, d)
 	if err != nil {
@@ -129,7 +112,7 @@ type blobFetch struct {
 	ep     *endpoint
 	repo   string
 	digest digest.Digest
-	w      BlobWriter
+	w      content.Writer
 	stats  *fetchStats // shared by the blob's endpoints; nil: not kept
 
 	mu       sync.Mutex

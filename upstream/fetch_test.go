@@ -51,7 +51,7 @@ func addRange(rs []byteRange, start, end int64) []byteRange {
 	return append(out, rs[i:]...)
 }
 
-// memBlobWriter is an in-memory BlobWriter that keeps track of the ranges
+// memBlobWriter is an in-memory content.Writer that keeps track of the ranges
 // written, as storage.Partial does.
 type memBlobWriter struct {
 	mu     sync.Mutex

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pullproxy/pullproxy/internal/miniotest"
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/storage/content"
 )
 
 // testMinio starts MinIO with a fresh bucket.
@@ -68,7 +69,7 @@ type testUpstream struct {
 	stopAt int64
 }
 
-func (u *testUpstream) fetch(dl Download) func(context.Context) error {
+func (u *testUpstream) fetch(dl content.Download) func(context.Context) error {
 	return func(ctx context.Context) error {
 		size := int64(len(u.blob))
 		if dl.Size() < 0 {

@@ -18,25 +18,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/storage/content"
 )
-
-// Download is the local download a fetch fills: a *storage.Partial. Its
-// owner verifies the bytes and commits them, whatever their source.
-type Download interface {
-	io.WriterAt
-	Digest() digest.Digest
-	Size() int64
-	SetSize(n int64) error
-	// Missing returns the first range at or after off not yet written.
-	Missing(off int64) (start, end int64)
-	WaitSize(ctx context.Context) (int64, error)
-	// WaitAvailable returns how many bytes from off may be read; the last
-	// few only once the download is verified.
-	WaitAvailable(ctx context.Context, off int64) (int64, error)
-	Open() (*os.File, error)
-}
-
-var _ Download = (*storage.Partial)(nil)
 
 // Source is where a fetch got a blob's bytes.
 type Source string
@@ -52,9 +35,9 @@ type Fetch struct {
 	Source Source
 	b      *Bucket
 	d      digest.Digest
-	h      *holding  // the lease, while this replica uploads
-	up     *uploader // the upload of the parts, while this replica holds the lease
-	small  Download  // a small blob fetched without a lease, to upload whole
+	h      *holding         // the lease, while this replica uploads
+	up     *uploader        // the upload of the parts, while this replica holds the lease
+	small  content.Download // a small blob fetched without a lease, to upload whole
 	// fromBucket: bytes read from the bucket went into the download, so a
 	// digest mismatch may be theirs rather than the upstream's.
 	fromBucket bool
@@ -88,7 +71,7 @@ const smallBlob = 1 << 20
 // Whenever the bucket fails (unreachable, refusing, a part missing, not
 // answering in time), or while it is degraded, fetch runs alone from what
 // dl holds: the replica works on without sharing.
-func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Context) error, fetch func(context.Context) error) (*Fetch, error) {
+func (b *Bucket) Fetch(ctx context.Context, dl content.Download, confirm func(context.Context) error, fetch func(context.Context) error) (*Fetch, error) {
 	d := dl.Digest()
 	f := &Fetch{Source: SourceUpstream, b: b, d: d}
 	if b.Degraded() {
@@ -191,7 +174,7 @@ func (b *Bucket) Fetch(ctx context.Context, dl Download, confirm func(context.Co
 // while the uploader sends dl's bytes to the bucket, all of them: parts
 // other replicas uploaded are replaced by this replica's own bytes, which
 // its commit verifies, so the blob assembled is only ever bytes verified.
-func (b *Bucket) hold(ctx context.Context, f *Fetch, dl Download, h *holding, check func() error, fetch func(context.Context) error) (*Fetch, error) {
+func (b *Bucket) hold(ctx context.Context, f *Fetch, dl content.Download, h *holding, check func() error, fetch func(context.Context) error) (*Fetch, error) {
 	if l := h.current(); l.count() > 0 {
 		if err := check(); err != nil {
 			h.release(ctx)
@@ -283,7 +266,7 @@ func (f *Fetch) Finish(ctx context.Context, committed error) {
 // putSmall queues the upload of a small verified blob whole, unless
 // another replica did first: in the background, as no client waits on it.
 // The file is opened now, while the download's bytes are surely there.
-func (b *Bucket) putSmall(dl Download) {
+func (b *Bucket) putSmall(dl content.Download) {
 	f, err := dl.Open()
 	if err != nil {
 		b.log.Warn("sharing a blob in the bucket: other replicas fetch it themselves", "digest", dl.Digest(), "err", err)
@@ -328,7 +311,7 @@ func (b *Bucket) removeUpload(ctx context.Context, d digest.Digest, h *holding) 
 // over: one released, expired (its ETag unchanged for LeaseTTL by this
 // replica's clock), or none (etag "") when it was deleted before the
 // blob was complete. Errors of the bucket wrap errUnusable.
-func (b *Bucket) follow(ctx context.Context, dl Download, cur held) (done bool, next held, err error) {
+func (b *Bucket) follow(ctx context.Context, dl content.Download, cur held) (done bool, next held, err error) {
 	d := dl.Digest()
 	seen, seenAt := cur.etag, time.Now()
 	ttl := b.cfg.LeaseTTL
@@ -424,7 +407,7 @@ var errUnusable = errors.New("bucket unusable")
 // the bucket holds it: the first GET says, with no HEAD before it. check
 // is called before dl is written. An error from the bucket itself wraps
 // errUnusable; one from check or dl does not.
-func (b *Bucket) fromBlob(ctx context.Context, dl Download, check func() error) (bool, error) {
+func (b *Bucket) fromBlob(ctx context.Context, dl content.Download, check func() error) (bool, error) {
 	d := dl.Digest()
 	key := b.blobKey(d)
 	start := int64(0)
@@ -471,7 +454,7 @@ func (b *Bucket) fromBlob(ctx context.Context, dl Download, check func() error) 
 }
 
 // fillPart writes what dl lacks of part i of l.
-func (b *Bucket) fillPart(ctx context.Context, dl Download, l lease, i int) error {
+func (b *Bucket) fillPart(ctx context.Context, dl content.Download, l lease, i int) error {
 	start, end := l.part(i)
 	return b.fill(ctx, dl, b.partKey(dl.Digest(), i), start, start, end)
 }
@@ -479,7 +462,7 @@ func (b *Bucket) fillPart(ctx context.Context, dl Download, l lease, i int) erro
 // fill writes the ranges of [from, to) that dl lacks, read from key, an
 // object holding the blob's bytes from offset base on. A read cut short
 // is resumed where it stopped, a few times.
-func (b *Bucket) fill(ctx context.Context, dl Download, key string, base, from, to int64) error {
+func (b *Bucket) fill(ctx context.Context, dl content.Download, key string, base, from, to int64) error {
 	buf := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(buf)
 	failures := 0
@@ -512,7 +495,7 @@ func (b *Bucket) fill(ctx context.Context, dl Download, key string, base, from, 
 
 // copyRange copies [start, end) of the blob from key into dl, and returns
 // how many bytes it wrote.
-func (b *Bucket) copyRange(ctx context.Context, dl Download, key string, base, start, end int64, buf []byte) (int64, error) {
+func (b *Bucket) copyRange(ctx context.Context, dl content.Download, key string, base, start, end int64, buf []byte) (int64, error) {
 	rctx, w := b.watch(ctx)
 	defer w.Stop()
 	o, err := b.get(rctx, "get_blob", key, start-base, end-start)
@@ -545,7 +528,7 @@ func (b *Bucket) watch(ctx context.Context) (context.Context, *time.Timer) {
 
 // copyBody copies n bytes of body into dl at off, through buf, resetting
 // the stall timer at every read.
-func copyBody(dl Download, body io.Reader, key string, off, n int64, buf []byte, stall *time.Timer) (int64, error) {
+func copyBody(dl content.Download, body io.Reader, key string, off, n int64, buf []byte, stall *time.Timer) (int64, error) {
 	var done int64
 	for done < n {
 		k, rerr := io.ReadFull(body, buf[:min(int64(len(buf)), n-done)])
@@ -574,7 +557,7 @@ type uploader struct {
 
 // upload starts uploading every part of dl, each as soon as the download
 // holds all of it.
-func (b *Bucket) upload(ctx context.Context, dl Download, h *holding) *uploader {
+func (b *Bucket) upload(ctx context.Context, dl content.Download, h *holding) *uploader {
 	ctx, cancel := context.WithCancel(ctx)
 	u := &uploader{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -594,7 +577,7 @@ func (b *Bucket) upload(ctx context.Context, dl Download, h *holding) *uploader 
 // doubling from a second between tries, besides the SDK's own retries.
 const partTries = 4
 
-func (b *Bucket) uploadParts(ctx context.Context, dl Download, h *holding) error {
+func (b *Bucket) uploadParts(ctx context.Context, dl content.Download, h *holding) error {
 	d := dl.Digest()
 	size, err := dl.WaitSize(ctx)
 	if err != nil {
