@@ -548,7 +548,8 @@ func (s *Server) handleRegistry(w http.ResponseWriter, r *http.Request) *respons
 		s.writeError(w, r, oe)
 		return rw
 	}
-	if !s.pullAllowed(rt, r.RemoteAddr) {
+	// A blob's request is decided whole by storedBlobAllowed, allow_clients included.
+	if rt.kind != kindBlob && !s.pullAllowed(rt, r.RemoteAddr) {
 		s.writeError(w, r, clientDenied(rt, r.RemoteAddr))
 		return rw
 	}
