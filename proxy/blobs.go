@@ -152,10 +152,11 @@ func sendStored(w http.ResponseWriter, r *http.Request, f *os.File, size int64) 
 	return err == nil && n == size
 }
 
-// maxCorked is the largest blob sent corked (see ConnContext). At 104 KiB
-// and 64 connections, corking saved about an eighth of the CPU time a
-// response takes; at 2 MiB, where the header's packet is one in thirty or
-// more, it saved nothing measurable and some runs cost a quarter more.
+// maxCorked is the largest blob net/http's responses send corked (see
+// cork). The cork saves the header's packet, which counts while a response
+// is a few packets; for a larger blob that packet is one among many, and
+// the cork's own costs (two more system calls, the last segment held back
+// until uncork) are no longer paid back.
 const maxCorked = 256 << 10
 
 // conditional reports whether a request asks for part of a blob or depends
