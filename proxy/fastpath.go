@@ -23,9 +23,10 @@ import (
 // connection. Once such a connection has had a stored blob answered whole,
 // a loop of its own (fastPath.serve) takes it over from net/http: it reads
 // each next request with a strict parser, and answers a GET or HEAD of a
-// stored blob with one header write and sendfile, in the goroutine that
-// read it. Any other request, or one it cannot read with certainty, goes
-// back to net/http with the bytes already read, on the same connection.
+// stored blob, as storedBlobAllowed lets it, with one header write and
+// sendfile, in the goroutine that read it. Any other request, or one it
+// cannot read with certainty, goes back to net/http with the bytes already
+// read, on the same connection.
 //
 // What this saves is net/http's work around a response (request and header
 // maps, its buffered writers, the background read, context). That work is
