@@ -18,11 +18,13 @@ import (
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
-// serveBlob answers HEAD and GET of a blob: from the store when it holds the
-// blob, else from its download, which this request starts or joins.
+// serveBlob answers HEAD and GET of a blob, as storedBlobAllowed decides:
+// from the store when it holds the blob, else from its download, which
+// this request starts or joins.
 func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 	ctx := r.Context()
 	d := digest.Digest(rt.ref) // validated by resolve
+	head := r.Method == http.MethodHead
 	h := w.Header()
 	// One allocation for the values that differ per blob; Content-Length's
 	// is filled in once the size is known.
@@ -37,42 +39,21 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 	// Twice at most: a download may commit between the lookup and the join.
 	for range 2 {
 		f, size, err := s.blobs.OpenBlob(ctx, d)
-		if err == nil {
-			if err := s.inRepository(ctx, rt, kindBlob, d); err != nil {
+		switch v, err := s.storedBlobAllowed(ctx, rt, r.RemoteAddr, head, err, true); v {
+		case blobRefused:
+			if f != nil {
 				f.Close()
-				s.fail(w, r, rt, err)
-				return
 			}
-			setSource(w, sourceCache)
-			tw, sent := s.timed(w)
-			if conditional(r.Header) {
-				serveStoredPart(tw, r, f, size, vals[1])
-			} else {
-				vals[2] = strconv.FormatInt(size, 10)
-				h["Content-Length"] = vals[2:3:3]
-				rw, _ := w.(*responseRecorder)
-				switch {
-				case rw != nil && s.sendStoredForLoop(rw, r, f, size):
-					// sent as the blob loop sends, which takes the connection next
-				case sendStored(tw, r, f, size) && rw != nil:
-					rw.whole = true
-				}
-			}
-			sent()
-			f.Close()
-			s.accesses.note(d)
-			return
-		}
-		if !errors.Is(err, storage.ErrNotFound) {
 			s.fail(w, r, rt, err)
 			return
-		}
-		if r.Method == http.MethodHead {
-			s.headBlob(w, r, rt, d)
+		case blobServe:
+			s.serveStored(w, r, f, size, vals)
+			f.Close()
 			return
 		}
-		if o, ok := rt.up.(offlineUpstream); ok {
-			s.fail(w, r, rt, o.miss(rt.repo, "blob "+d.String()))
+		// blobMissing: with confirm set, never blobUnconfirmed.
+		if head {
+			s.headBlob(w, r, rt, d)
 			return
 		}
 		if s.redirectToShared(w, r, rt, d) {
@@ -91,6 +72,28 @@ func (s *Server) serveBlob(w http.ResponseWriter, r *http.Request, rt route) {
 		return
 	}
 	s.fail(w, r, rt, fmt.Errorf("blob %s: committed but not readable", d))
+}
+
+// serveStored answers a GET or HEAD of a blob from its stored file f, of
+// size bytes, its headers set but Content-Length: vals are serveBlob's
+// values of the blob's header, to be completed with it.
+func (s *Server) serveStored(w http.ResponseWriter, r *http.Request, f *os.File, size int64, vals []string) {
+	setSource(w, sourceCache)
+	tw, sent := s.timed(w)
+	defer sent()
+	if conditional(r.Header) {
+		serveStoredPart(tw, r, f, size, vals[1])
+		return
+	}
+	vals[2] = strconv.FormatInt(size, 10)
+	w.Header()["Content-Length"] = vals[2:3:3]
+	rw, _ := w.(*responseRecorder)
+	switch {
+	case rw != nil && s.sendStoredForLoop(rw, r, f, size):
+		// sent as the blob loop sends, which takes the connection next
+	case sendStored(tw, r, f, size) && rw != nil:
+		rw.whole = true
+	}
 }
 
 // sendStoredForLoop answers a plain GET of a stored blob of at least
@@ -150,10 +153,11 @@ func sendStored(w http.ResponseWriter, r *http.Request, f *os.File, size int64) 
 	return err == nil && n == size
 }
 
-// maxCorked is the largest blob sent corked (see ConnContext). At 104 KiB
-// and 64 connections, corking saved about an eighth of the CPU time a
-// response takes; at 2 MiB, where the header's packet is one in thirty or
-// more, it saved nothing measurable and some runs cost a quarter more.
+// maxCorked is the largest blob net/http's responses send corked (see
+// cork). The cork saves the header's packet, which counts while a response
+// is a few packets; for a larger blob that packet is one among many, and
+// the cork's own costs (two more system calls, the last segment held back
+// until uncork) are no longer paid back.
 const maxCorked = 256 << 10
 
 // conditional reports whether a request asks for part of a blob or depends

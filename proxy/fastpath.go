@@ -23,14 +23,16 @@ import (
 // connection. Once such a connection has had a stored blob answered whole,
 // a loop of its own (fastPath.serve) takes it over from net/http: it reads
 // each next request with a strict parser, and answers a GET or HEAD of a
-// stored blob with one header write and sendfile, in the goroutine that
-// read it. Any other request, or one it cannot read with certainty, goes
-// back to net/http with the bytes already read, on the same connection.
+// stored blob, as storedBlobAllowed lets it, with one header write and
+// sendfile, in the goroutine that read it. Any other request, or one it
+// cannot read with certainty, goes back to net/http with the bytes already
+// read, on the same connection.
 //
 // What this saves is net/http's work around a response (request and header
-// maps, its buffered writers, the background read, context), which costs
-// as much as the kernel's sending of a small blob: at 104 KiB, serving
-// through net/http took about twice nginx's CPU per request.
+// maps, its buffered writers, the background read, context). That work is
+// the same for every response, and for a small blob, the layers and
+// configs most pulls are made of, it rivals the kernel's work of sending
+// the blob.
 
 // Serve serves s on ln with hs's settings (timeouts, error log) until hs is
 // shut down, and returns what hs.Serve returns. hs.Handler and
@@ -300,27 +302,25 @@ func (f *fastPath) readRequest(tc *net.TCPConn, br *bufio.Reader) (req fastReque
 	}
 }
 
-// answer answers req if it asks for a stored blob, and reports whether it
-// did. It answers nothing else: net/http then reads req again and answers
-// it. A response that fails part-way (the client went away) ends the
-// connection.
+// answer answers req if it asks for a blob storedBlobAllowed lets it serve
+// from the store without asking the upstream, and reports whether it did.
+// It answers nothing else: net/http then reads req again and answers it,
+// by the same policy. A response that fails part-way (the client went
+// away) ends the connection.
 func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 	s := f.s
 	ns := queryValue(req.query, "ns")
 	rt, err := s.resolve(req.method, req.path, ns)
-	if err != nil || rt.kind != kindBlob || !s.pullAllowed(rt, c.remote) {
+	if err != nil || rt.kind != kindBlob {
 		return false // net/http answers, or refuses
 	}
 	start := time.Now()
 	d := digest.Digest(rt.ref)
-	if known, _ := s.members.IsMember(s.ctx, rt.up.Name(), rt.repo, d); !known {
-		return false // net/http asks the upstream whether it is there
-	}
 	b, err := f.blobs.OpenBlobFD(s.ctx, d)
-	if err != nil {
-		return false // net/http fetches it, or says why it cannot be read
+	defer b.Release() // nothing to release when err is set
+	if v, _ := s.storedBlobAllowed(s.ctx, rt, c.remote, req.method == http.MethodHead, err, false); v != blobServe {
+		return false // net/http refuses, fetches, or asks the upstream (see storedBlobAllowed)
 	}
-	defer b.Release()
 	fd, size := b.FD, b.Size
 	if !f.setBusy(c, true) {
 		return true // shutting down: setBusy(false) says so again and the loop ends
@@ -338,7 +338,6 @@ func (f *fastPath) answer(c *fastConn, req fastRequest) bool {
 		body = 0
 	}
 	n, err := sendBlob(c.ci.tcp, c.ci.raw, c.hdr, fd, body, s.sendTimeout, until)
-	s.accesses.note(d)
 	s.count(kindBlob, req.method, http.StatusOK, sourceCache, n)
 	s.metrics.observe(kindBlob, sourceCache, time.Since(start))
 	s.logRequest(s.ctx, req.method, req.path, ns, c.remote, http.StatusOK, n, start)

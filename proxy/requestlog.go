@@ -11,11 +11,12 @@ import (
 
 // RequestLog writes the line logged for each request straight to a writer,
 // byte for byte as slog's text or JSON handler writes it: same keys, order,
-// time format and quoting. Through slog, building the record, walking its
-// attributes and checking each for quoting cost about 2 µs a request, a
-// tenth of what serving a small stored blob costs in all. Lines with a value
-// that would need quoting or escaping go through the logger instead, so the
-// output never differs from slog's.
+// time format and quoting. Through slog, every request would pay for
+// building a record, walking its attributes and checking each for quoting:
+// a noticeable share of serving a small stored blob, for a line whose
+// values almost never need it. Lines with a value that would need quoting
+// or escaping go through the logger instead, so the output never differs
+// from slog's.
 //
 // The logger given to WithLogger still decides whether requests are logged
 // (Info enabled) and must write to the same writer, unadorned (no WithAttrs,

@@ -21,13 +21,20 @@ import (
 // own answer when it says d is not there (a 404), or its failure when it
 // cannot say. kind is kindBlob or kindManifest.
 func (s *Server) inRepository(ctx context.Context, rt route, kind string, d digest.Digest) error {
-	name := rt.up.Name()
-	known, err := s.members.IsMember(ctx, name, rt.repo, d)
+	known, err := s.members.IsMember(ctx, rt.up.Name(), rt.repo, d)
 	if known {
 		return nil
 	}
-	if err != nil {
-		s.log.Warn("reading what a repository holds: asking the upstream", "err", err)
+	return s.confirmInRepository(ctx, rt, kind, d, err)
+}
+
+// confirmInRepository is inRepository once the store did not record d as
+// rt's (lookupErr: why it could not say, if that is why): it asks the
+// upstream, and remembers its answer.
+func (s *Server) confirmInRepository(ctx context.Context, rt route, kind string, d digest.Digest, lookupErr error) error {
+	name := rt.up.Name()
+	if lookupErr != nil {
+		s.log.Warn("reading what a repository holds: asking the upstream", "err", lookupErr)
 	}
 	if o, ok := rt.up.(offlineUpstream); ok {
 		return o.miss(rt.repo, kind+" "+d.String()) // nobody to ask
@@ -36,7 +43,7 @@ func (s *Server) inRepository(ctx context.Context, rt route, kind string, d dige
 	if err, ok := s.notFound.get(key); ok {
 		return err
 	}
-	_, err, _ = s.shared(ctx, key, func(ctx context.Context) (any, error) {
+	_, err, _ := s.shared(ctx, key, func(ctx context.Context) (any, error) {
 		var err error
 		if kind == kindManifest {
 			_, err = rt.up.HeadManifest(ctx, rt.repo, d.String(), allManifestTypes)

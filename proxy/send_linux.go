@@ -18,10 +18,9 @@ import (
 // the body's first bytes, as a cork would send it without a cork's two
 // setsockopt calls. A body over maxCorked is sent corked all the same: a
 // sendfile that fills the socket's buffer returns with a segment part-way
-// filled, which the connection (TCP_NODELAY, as Go sets it) sends at once.
-// Serving a 2 MiB blob to 64 wrk connections, that was 64-67 segments a
-// response against nginx's 55-57 (tcp_nopush), and the client's extra
-// work per segment cost about 4% of the requests served.
+// filled, which the connection (TCP_NODELAY, as Go sets it) sends at once:
+// uncorked, a large body goes out in more segments than it fills, and the
+// client pays a receive for each. Corked, only the last one is partial.
 //
 // Each wait for the client has a write deadline of timeout (0: none) from
 // the last time the client took bytes, and none later than until (zero: no
@@ -105,11 +104,8 @@ func sendBlob(tc *net.TCPConn, raw syscall.RawConn, hdr []byte, fd int, size int
 // ordinary system call, that is long enough for the Go runtime's monitor
 // to find the thread still in it and hand its processor to another thread:
 // with a few such sends running, the monitor wakes every 20 µs and threads
-// are woken and put back to sleep around every call. Serving a 223 MiB
-// blob to four clients on loopback, the monitor woke about 19,000 times in
-// 4 s, and made raw, about 4,000, for 5-16% less CPU per request
-// (servebench's largest blob; nginx, one thread per process, pays none of
-// it).
+// are woken and put back to sleep around every call: CPU spent for
+// nothing, since the call never blocks and returns on its own.
 // A sendfile from pages in the page cache never waits (the socket is
 // non-blocking), so such a call is made raw, outside the scheduler's
 // view; a page to read from disk could take milliseconds, holding a

@@ -9,8 +9,8 @@ import (
 
 // A client that stops reading a response (a node that hung, a scanner
 // that reads one byte and waits) would otherwise hold its connection, its
-// goroutine and the blob's file open for as long as it likes: 600 of them
-// exhausted a 1,024-descriptor limit and real pulls failed. A client gets
+// goroutine and the blob's file open for as long as it likes: enough of
+// them exhaust the process's descriptors, and real pulls fail. A client gets
 // the send timeout to take bytes, and is dropped when it takes none: on
 // the blob loop's connections, from the last bytes it took (sendBlob); on
 // net/http's, which give no sign of progress inside a write, a blob's body

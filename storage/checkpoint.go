@@ -34,13 +34,11 @@ import (
 // is durable.
 //
 // A durable checkpoint costs two syncs (the file's and the database's),
-// and the writes they issue to the disk. Every checkpoint durable at 2 MiB,
-// with writeback started every MiB, a cold fetch of the 600 MiB image took
-// 3.29 CPU-s against 2.74 with every checkpoint durable at 16 MiB and
-// writeback every 8 MiB (cpubench, three runs each); this cadence measured
-// 2.98 against that one's 3.12 (five each). Writeback is started every
-// writebackBytes, so that a durable checkpoint's sync finds little left to
-// do.
+// and the writes they issue to the disk: made every checkpointBytes, they
+// would add a good share to a fetch's CPU, to guard against a reboot, far
+// rarer than a restart. Made every durableBytes, a reboot costs a download
+// at most that much again. Writeback is started every writebackBytes, so
+// that a durable checkpoint's sync finds little left to do.
 const (
 	checkpointBytes    = 2 << 20
 	checkpointInterval = time.Second

@@ -15,12 +15,12 @@ const hashBuffer = 256 << 10
 // on first use).
 //
 // The bytes are copied out of the page cache rather than hashed through a
-// read-only mapping of the file, which would spare the copy: on a file
-// written 256 KiB at a time, as downloads are, sha256 over the mapped pages
-// ran at 0.88 GB/s, the time spent in the hash's own loads, against 1.51
-// GB/s for pread and sha256 together (BenchmarkHashFile, on a 2-core AMD
-// EPYC virtual machine). A blob fetched as parallel chunks has most of its bytes
-// hashed this way.
+// read-only mapping of the file, which would spare the copy but is slower:
+// over the mapping, the hash's own loads wait on memory page after page,
+// while pread moves the bytes with the kernel's copy into a buffer the
+// hash then reads from the core's cache (BenchmarkHashFile compares the
+// two). A blob fetched as parallel chunks has most of its bytes hashed
+// this way.
 func hashFile(h hash.Hash, f *os.File, off, n int64, buf *[]byte) error {
 	if *buf == nil {
 		*buf = make([]byte, hashBuffer)

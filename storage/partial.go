@@ -365,8 +365,8 @@ func (p *Partial) Written() int64 {
 // moves it into the store. On failure the download is failed with the reason.
 //
 // Readers waiting for the held-back end get it as soon as the digest
-// matches: the sync and rename that put the blob in place (6-18 ms for a
-// blob of 100-230 MiB in pullbench, the last of a pull's tail) go on
+// matches: the sync and rename that put the blob in place (the sync of a
+// large blob takes a while, and would be the last wait of a pull) go on
 // while they read, from the page cache the digest was computed over. A
 // checkpoint still running in the background (a sync and a database
 // write, tens of milliseconds on a busy disk) is waited for only after

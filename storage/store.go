@@ -194,9 +194,9 @@ func (s *Store) OpenBlob(ctx context.Context, d digest.Digest) (*os.File, int64,
 
 // OpenBlobFD is OpenBlob for a caller that sends the file with sendfile
 // itself: it returns a bare descriptor, which may be shared (see BlobFD).
-// For a small blob, an *os.File's set-up and tear-down (a fcntl, a
-// finalizer, the poller's bookkeeping) cost a tenth of a request, and the
-// open and close another (see fdCache).
+// An *os.File's set-up and tear-down (a fcntl, a finalizer, the poller's
+// bookkeeping), and the open and close themselves (see fdCache), are work
+// every request would pay, a sizeable share of serving a small blob.
 func (s *Store) OpenBlobFD(ctx context.Context, d digest.Digest) (BlobFD, error) {
 	if err := validate(d); err != nil {
 		return BlobFD{}, err
