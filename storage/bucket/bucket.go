@@ -106,12 +106,15 @@ type Bucket struct {
 
 	health     *health
 	probeFirst time.Duration
-	writes     chan backgroundWrite
-	dropped    atomic.Int64
-	closed     atomic.Bool
-	stop       context.CancelFunc // ends the probe and the writers
-	bg         sync.WaitGroup
-	closeOnce  sync.Once
+	// clientTimeout and readStall bound a call a client waits on (see
+	// health.go, fetch.go's watch).
+	clientTimeout, readStall time.Duration
+	writes                   chan backgroundWrite
+	dropped                  atomic.Int64
+	closed                   atomic.Bool
+	stop                     context.CancelFunc // ends the probe and the writers
+	bg                       sync.WaitGroup
+	closeOnce                sync.Once
 }
 
 // Option configures Open.
@@ -124,7 +127,9 @@ type options struct {
 	client  *http.Client
 	replica string
 	poll    time.Duration
-	probe   time.Duration
+	// clientTimeout and readStall: see Bucket.
+	clientTimeout, readStall time.Duration
+	probe                    time.Duration
 }
 
 // WithLogger sets the logger. Default (and for nil): slog.Default().
@@ -165,6 +170,13 @@ func withProbe(d time.Duration) Option {
 	return func(o *options) { o.probe = d }
 }
 
+// withDeadlines sets clientTimeout and readStall (tests: the production
+// ones are for a bucket next to its replicas, not one sharing a loaded
+// test machine with everything else).
+func withDeadlines(client, stall time.Duration) Option {
+	return func(o *options) { o.clientTimeout, o.readStall = client, stall }
+}
+
 // withPoll sets how often followers look at a lease (tests).
 func withPoll(d time.Duration) Option {
 	return func(o *options) { o.poll = d }
@@ -174,7 +186,8 @@ func withPoll(d time.Duration) Option {
 // credentials at hand. A bucket that does not answer is no error: the
 // replica starts with it degraded. Close stops what Open starts.
 func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
-	o := options{log: slog.Default(), poll: 500 * time.Millisecond, probe: probeFirst}
+	o := options{log: slog.Default(), poll: 500 * time.Millisecond, probe: probeFirst,
+		clientTimeout: clientTimeout, readStall: readStall}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -242,7 +255,8 @@ func Open(ctx context.Context, cfg Config, opts ...Option) (*Bucket, error) {
 	}
 	b := &Bucket{
 		client: client, presign: s3.NewPresignClient(client), name: cfg.Bucket, prefix: cfg.Prefix,
-		id: id, cfg: cfg, log: o.log, poll: o.poll, probeFirst: o.probe, writes: make(chan backgroundWrite, writeQueue),
+		id: id, cfg: cfg, log: o.log, poll: o.poll, probeFirst: o.probe,
+		clientTimeout: o.clientTimeout, readStall: o.readStall, writes: make(chan backgroundWrite, writeQueue),
 	}
 	if b.metrics, err = newMetrics(o.reg); err != nil {
 		return nil, err
@@ -383,7 +397,7 @@ const opTimeout = 15 * time.Second
 // getSmall reads a small object whole, within clientTimeout: a client
 // waits on it.
 func (b *Bucket) getSmall(ctx context.Context, op, key string) ([]byte, object, error) {
-	ctx, cancel := withClientTimeout(ctx)
+	ctx, cancel := b.withClientTimeout(ctx)
 	defer cancel()
 	o, err := b.get(ctx, op, key, 0, -1)
 	if err != nil {
@@ -411,7 +425,7 @@ func (b *Bucket) headMeta(ctx context.Context, op, key string) (int64, map[strin
 	if err := b.health.skip(); err != nil {
 		return 0, nil, fmt.Errorf("looking up %s: %w", key, err)
 	}
-	ctx, cancel := withClientTimeout(ctx)
+	ctx, cancel := b.withClientTimeout(ctx)
 	defer cancel()
 	out, err := b.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &b.name, Key: &key})
 	b.settle(ctx, op, err)
@@ -447,7 +461,7 @@ func (b *Bucket) put(ctx context.Context, op, key string, body io.ReadSeeker, si
 // putBytes writes a small object, within clientTimeout: a client may
 // wait on it (a manifest, tag, member or lease).
 func (b *Bucket) putBytes(ctx context.Context, op, key string, body []byte, ifNoneMatch, ifMatch string, metadata map[string]string) (string, error) {
-	ctx, cancel := withClientTimeout(ctx)
+	ctx, cancel := b.withClientTimeout(ctx)
 	defer cancel()
 	return b.put(ctx, op, key, bytes.NewReader(body), int64(len(body)), ifNoneMatch, ifMatch, metadata)
 }

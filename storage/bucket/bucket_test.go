@@ -35,6 +35,10 @@ type testReplica struct {
 	store *storage.Store
 }
 
+// productionDeadlines are the deadlines a replica runs with, for the tests
+// of what they do.
+func productionDeadlines() Option { return withDeadlines(clientTimeout, readStall) }
+
 func newReplica(t *testing.T, srv *miniotest.Server, name string, cfg Config, opts ...Option) testReplica {
 	t.Helper()
 	cfg.Endpoint, cfg.PathStyle = srv.Endpoint, true
@@ -45,7 +49,10 @@ func newReplica(t *testing.T, srv *miniotest.Server, name string, cfg Config, op
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("replica", name)
 	}
-	opts = append([]Option{WithCredentials(srv.Credentials()), WithReplicaID(name), WithLogger(log), withPoll(20 * time.Millisecond)}, opts...)
+	// Deadlines for a bucket sharing a loaded test machine with everything
+	// else: a test of the production ones passes them (productionDeadlines).
+	opts = append([]Option{WithCredentials(srv.Credentials()), WithReplicaID(name), WithLogger(log), withPoll(20 * time.Millisecond),
+		withDeadlines(30*time.Second, 30*time.Second)}, opts...)
 	b, err := Open(t.Context(), cfg, opts...)
 	if err != nil {
 		t.Fatal(err)

@@ -427,7 +427,7 @@ func (b *Bucket) fromBlob(ctx context.Context, dl content.Download, check func()
 		return false, fmt.Errorf("%w: %w", errUnusable, err)
 	}
 	defer o.body.Close()
-	w.Reset(readStall)
+	w.Reset(b.readStall)
 	if err := check(); err != nil {
 		return false, err
 	}
@@ -437,7 +437,7 @@ func (b *Bucket) fromBlob(ctx context.Context, dl content.Download, check func()
 		}
 	}
 	buf := copyBuffers.Get().(*[]byte)
-	n, err := copyBody(dl, o.body, key, start, o.size, *buf, w)
+	n, err := b.copyBody(dl, o.body, key, start, o.size, *buf, w)
 	copyBuffers.Put(buf)
 	if err == nil {
 		return true, nil
@@ -503,8 +503,8 @@ func (b *Bucket) copyRange(ctx context.Context, dl content.Download, key string,
 		return 0, err
 	}
 	defer o.body.Close()
-	w.Reset(readStall)
-	n, err := copyBody(dl, o.body, key, start, end-start, buf, w)
+	w.Reset(b.readStall)
+	n, err := b.copyBody(dl, o.body, key, start, end-start, buf, w)
 	if isTimeout(rctx, err) && ctx.Err() == nil {
 		b.settle(rctx, "get_blob", err)
 	}
@@ -523,17 +523,17 @@ const readStall = 5 * time.Second
 // stalls.
 func (b *Bucket) watch(ctx context.Context) (context.Context, *time.Timer) {
 	ctx, cancel := context.WithCancelCause(ctx)
-	return ctx, time.AfterFunc(clientTimeout, func() { cancel(errCallTimeout) })
+	return ctx, time.AfterFunc(b.clientTimeout, func() { cancel(errCallTimeout) })
 }
 
 // copyBody copies n bytes of body into dl at off, through buf, resetting
 // the stall timer at every read.
-func copyBody(dl content.Download, body io.Reader, key string, off, n int64, buf []byte, stall *time.Timer) (int64, error) {
+func (b *Bucket) copyBody(dl content.Download, body io.Reader, key string, off, n int64, buf []byte, stall *time.Timer) (int64, error) {
 	var done int64
 	for done < n {
 		k, rerr := io.ReadFull(body, buf[:min(int64(len(buf)), n-done)])
 		if k > 0 {
-			stall.Reset(readStall)
+			stall.Reset(b.readStall)
 			if _, err := dl.WriteAt(buf[:k], off+done); err != nil {
 				return done, fmt.Errorf("writing %s at %d: %w", dl.Digest(), off+done, err)
 			}

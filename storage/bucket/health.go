@@ -162,8 +162,8 @@ func (b *Bucket) settle(ctx context.Context, op string, err error) {
 }
 
 // withClientTimeout bounds a call a client waits on.
-func withClientTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeoutCause(ctx, clientTimeout, errCallTimeout)
+func (b *Bucket) withClientTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, b.clientTimeout, errCallTimeout)
 }
 
 // probe runs while the bucket is open: each time it becomes degraded, it
@@ -205,7 +205,7 @@ func (b *Bucket) probe(ctx context.Context) {
 
 // ping lists one key under the prefix, bounded as a client's call is.
 func (b *Bucket) ping(ctx context.Context) error {
-	ctx, cancel := withClientTimeout(ctx)
+	ctx, cancel := b.withClientTimeout(ctx)
 	defer cancel()
 	_, err := b.client.ListObjectsV2(ctx, &s3.ListObjectsV2Input{Bucket: &b.name, Prefix: &b.prefix, MaxKeys: aws.Int32(1)})
 	b.metrics.request("probe", err, isTimeout(ctx, err))

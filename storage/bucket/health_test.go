@@ -46,7 +46,7 @@ func TestHangingBucketDegrades(t *testing.T) {
 	net := &hangable{}
 	reg := prometheus.NewRegistry()
 	r := newReplica(t, srv, "a", Config{Bucket: bucket}, withHTTPClient(&http.Client{Transport: net}),
-		WithMetrics(reg), withProbe(50*time.Millisecond))
+		WithMetrics(reg), withProbe(50*time.Millisecond), productionDeadlines())
 	s := NewStore(r.store, r.b)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -194,7 +194,7 @@ func TestBlobReadStallFetchesAlone(t *testing.T) {
 	net.stall.Store(true)
 	reg := prometheus.NewRegistry()
 	b := newReplica(t, srv, "b", Config{Bucket: bucket}, withHTTPClient(&http.Client{Transport: net}),
-		WithMetrics(reg), withProbe(time.Minute))
+		WithMetrics(reg), withProbe(time.Minute), productionDeadlines())
 	up := &testUpstream{blob: blob}
 	began := time.Now()
 	src, err := fetchAndCommit(ctx, b, d, int64(len(blob)), up)
