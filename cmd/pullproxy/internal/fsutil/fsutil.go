@@ -14,11 +14,23 @@ import (
 // WriteFile replaces path with b, mode 0644: a reader never sees half a
 // file.
 func WriteFile(path string, b []byte) error {
+	return WriteFileFunc(path, func(w io.Writer) error {
+		_, err := w.Write(b)
+		return err
+	})
+}
+
+// WriteFileFunc writes path with write, mode 0644, replacing it whole once
+// written and synced: a reader never sees half an archive.
+func WriteFileFunc(path string, write func(io.Writer) error) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".pullproxy-*")
 	if err != nil {
 		return err
 	}
-	_, err = tmp.Write(b)
+	err = write(tmp)
+	if err == nil {
+		err = tmp.Sync()
+	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
@@ -33,34 +45,6 @@ func WriteFile(path string, b []byte) error {
 		return errors.Join(fmt.Errorf("writing %s", path), err)
 	}
 	return nil
-}
-
-// WriteFileFunc writes path with write, mode 0644, replacing it whole once
-// written and synced: a reader never sees half an archive.
-func WriteFileFunc(path string, write func(io.Writer) error) (err error) {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".pullproxy-tar-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			os.Remove(tmp.Name())
-		}
-	}()
-	err = write(tmp)
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o644)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	return err
 }
 
 // Space returns the free (to unprivileged users) and total bytes of the
