@@ -57,6 +57,13 @@ func (s *Server) storedBlobAllowed(ctx context.Context, rt route, remote string,
 	if !s.pullAllowed(rt, remote) {
 		return blobRefused, clientDenied(rt, remote)
 	}
+	return s.blobAllowed(ctx, rt, head, stored, confirm)
+}
+
+// blobAllowed is storedBlobAllowed past allow_clients, which are for
+// remote clients: what the mirror core's own calls (seed, export) are
+// held to.
+func (s *Server) blobAllowed(ctx context.Context, rt route, head bool, stored error, confirm bool) (blobVerdict, error) {
 	d := digest.Digest(rt.ref) // validated by resolve
 	switch {
 	case errors.Is(stored, storage.ErrNotFound):

@@ -12,7 +12,6 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -91,14 +90,11 @@ func (s *Server) EnsureBlob(ctx context.Context, upstreamName, repo string, d di
 	// next look finds it stored, or its join says so (errStored).
 	for range 4 {
 		size, err := s.blobs.StatBlob(ctx, d)
-		if err == nil {
-			return size, s.inRepository(ctx, rt, kindBlob, d)
-		}
-		if !errors.Is(err, storage.ErrNotFound) {
+		switch v, err := s.blobAllowed(ctx, rt, false, err, true); v {
+		case blobRefused:
 			return 0, err
-		}
-		if o, ok := rt.up.(offlineUpstream); ok {
-			return 0, o.miss(rt.repo, "blob "+d.String())
+		case blobServe:
+			return size, nil
 		}
 		p, own, err := s.downloads.join(ctx, rt, d)
 		if errors.Is(err, errStored) {
@@ -140,22 +136,26 @@ func waitLanded(ctx context.Context, p content.Reader, landed func(n int64)) err
 
 // OpenBlob opens blob d of repo at upstreamName, stored, for reading, and
 // returns its size; the caller closes it. It is storage.ErrNotFound when
-// the store lacks it: EnsureBlob stores it.
+// the store lacks it (EnsureBlob stores it), or, from an offline upstream,
+// upstream.ErrNotFound naming the fix. The rules are a client's (see
+// blobAllowed), but allow_clients.
 func (s *Server) OpenBlob(ctx context.Context, upstreamName, repo string, d digest.Digest) (*os.File, int64, error) {
 	rt, err := s.routeFor(upstreamName, repo, kindBlob, d.String())
 	if err != nil {
 		return nil, 0, err
 	}
 	f, size, err := s.blobs.OpenBlob(ctx, d)
-	if err != nil {
-		return nil, 0, err
+	switch v, perr := s.blobAllowed(ctx, rt, false, err, true); v {
+	case blobServe:
+		return f, size, nil
+	case blobMissing:
+		return nil, 0, err // storage.ErrNotFound
+	default:
+		if f != nil {
+			f.Close()
+		}
+		return nil, 0, perr
 	}
-	if err := s.inRepository(ctx, rt, kindBlob, d); err != nil {
-		f.Close()
-		return nil, 0, err
-	}
-	s.accesses.note(d)
-	return f, size, nil
 }
 
 // routeFor is the route to ref (of kind) in repo at upstreamName, for a
