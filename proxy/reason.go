@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -186,20 +188,16 @@ func (s *Server) writeWithReason(w http.ResponseWriter, r *http.Request, status 
 	if !keep {
 		h.Set("Connection", "close")
 	}
-	out := make([]byte, 0, 512+len(body))
-	out = append(out, "HTTP/1.1 "...)
-	out = strconv.AppendInt(out, int64(status), 10)
-	out = append(out, ' ')
-	out = append(out, reason...)
-	out = append(out, "\r\n"...)
-	hb := headerBuffer{out}
-	h.Write(&hb)
-	out = append(hb.b, "\r\n"...)
+	var out bytes.Buffer
+	out.Grow(512 + len(body))
+	fmt.Fprintf(&out, "HTTP/1.1 %d %s\r\n", status, reason)
+	h.Write(&out)
+	out.WriteString("\r\n")
 	if r.Method != http.MethodHead {
-		out = append(out, body...)
+		out.Write(body)
 	}
 	conn.SetWriteDeadline(time.Now().Add(errorWriteTimeout))
-	_, err = conn.Write(out)
+	_, err = conn.Write(out.Bytes())
 	conn.SetDeadline(time.Time{})
 	if err != nil || !keep || !f.handoff.hand(back) {
 		conn.Close()
@@ -211,12 +209,3 @@ func (s *Server) writeWithReason(w http.ResponseWriter, r *http.Request, status 
 // errorWriteTimeout bounds the write of an error response: a few hundred
 // bytes, which only a client that reads nothing makes wait.
 const errorWriteTimeout = 10 * time.Second
-
-// headerBuffer is an io.Writer appending to a byte slice, for
-// http.Header.Write.
-type headerBuffer struct{ b []byte }
-
-func (h *headerBuffer) Write(p []byte) (int, error) {
-	h.b = append(h.b, p...)
-	return len(p), nil
-}
