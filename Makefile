@@ -20,12 +20,8 @@ run: build
 MODULES := . deploy
 
 ## test: vet, then every test with the race detector (deploy/'s, which only read files, without), then each fuzz test briefly
-# One package at a time: a few tests still depend on the time the machine
-# gives them (a chunk silent for 300 ms is asked for again, so a starved
-# reader fetches bytes twice; a bucket lease of one second lapses), and with
-# every package's tests at once beside other work on two cores, those failed.
 test: vet
-	$(GO) test -race -count=1 -p 1 -timeout 15m ./...
+	$(GO) test -race -count=1 -timeout 15m ./...
 	cd deploy && $(GO) test -count=1 ./...
 	$(MAKE) fuzz FUZZTIME=$(FUZZTIME)
 
