@@ -8,7 +8,8 @@
 // and, if so, after how many bytes it dies:
 //
 //   - the byte count is taken in the target→client direction ("down"), which
-//     is where layer data flows; bytes sent by the client are never counted;
+//     is where layer data flows, as the client receives them; bytes sent by
+//     the client are never counted;
 //   - exactly that many bytes are forwarded to the client, then the session
 //     is killed as Config.Mode says (Reset, CleanClose or Stall).
 //
@@ -32,6 +33,13 @@
 // window by one (TCP slow start: the window doubles each round trip), from
 // InitialWindow up to MaxWindow. Cuts count bytes as the client receives
 // them, after the delay.
+//
+// Bytes are counted twice: where the client receives them (Stats.BytesDown)
+// and where they leave the target (Stats.BytesEgress), as a carrier's bill
+// counts them. The two differ by what was in flight when a session ended:
+// bytes on the delay line, and bytes the target sent that the relay had not
+// read yet, which a client closing a connection early (a hedge that lost,
+// a request given up) never receives but the target sent all the same.
 //
 // Closing: when either direction of a session ends (EOF or error on one side)
 // both sides are closed; half-closes are not propagated.
@@ -106,6 +114,10 @@ type Config struct {
 	// RTT is the path's round-trip time: each direction is delayed by half
 	// of it. 0: no delay.
 	RTT time.Duration
+	// Jitter spreads RTT across sessions: each session's round-trip time is
+	// drawn uniformly from [RTT-Jitter, RTT+Jitter] (not below 0), as
+	// connections of one path take different routes through a carrier.
+	Jitter time.Duration
 	// SetupRTTs is how many round trips a new session waits before any of
 	// its bytes move, for the handshakes the relay does not see: 1 for TCP's
 	// (a TLS handshake spoken through the relay pays its own). Needs RTT.
@@ -141,8 +153,8 @@ func (c Config) validate() error {
 	if c.Bandwidth < 0 {
 		return fmt.Errorf("carrier: negative Bandwidth %d", c.Bandwidth)
 	}
-	if c.RTT < 0 || c.SetupRTTs < 0 || c.InitialWindow < 0 || c.MaxWindow < 0 {
-		return errors.New("carrier: negative RTT, SetupRTTs or window")
+	if c.RTT < 0 || c.Jitter < 0 || c.SetupRTTs < 0 || c.InitialWindow < 0 || c.MaxWindow < 0 {
+		return errors.New("carrier: negative RTT, Jitter, SetupRTTs or window")
 	}
 	if iw, mw := c.windows(); c.SlowStart && mw < iw {
 		return fmt.Errorf("carrier: MaxWindow %d below InitialWindow %d", mw, iw)
@@ -172,8 +184,13 @@ type Stats struct {
 	Sessions  int64 // connections accepted
 	PeakOpen  int64 // the most sessions open at once
 	Cut       int64 // sessions killed by the relay (they reached their cut)
-	BytesDown int64 // target→client bytes forwarded
-	BytesUp   int64 // client→target bytes forwarded
+	BytesDown int64 // target→client bytes forwarded, as the client received them
+	// BytesEgress is the target→client bytes that left the target: read by
+	// the relay, delivered or not, and, at a session's end, those waiting
+	// unread in the relay's socket (on Linux; up to one read more may be
+	// counted for a session closed while the relay read).
+	BytesEgress int64
+	BytesUp     int64 // client→target bytes forwarded
 	// FirstDown is when the first target→client byte was forwarded, and
 	// LastData when the last write of at least dataWrite bytes was: where
 	// the last response body ended, as handshakes and headers are smaller
@@ -215,6 +232,7 @@ type Relay struct {
 	closed   bool
 
 	nSessions, nCut, bytesDown, bytesUp atomic.Int64
+	bytesEgress                         atomic.Int64
 	open, peakOpen                      atomic.Int64
 	firstDown, lastData                 atomic.Int64 // UnixNano; 0: none yet
 	unusedAtFirst, unusedAtLast         atomic.Int64 // the limiter's unused bytes then
@@ -283,14 +301,15 @@ func (r *Relay) SetConfig(cfg Config) error {
 // final.
 func (r *Relay) Stats() Stats {
 	return Stats{
-		Sessions:  r.nSessions.Load(),
-		PeakOpen:  r.peakOpen.Load(),
-		Cut:       r.nCut.Load(),
-		BytesDown: r.bytesDown.Load(),
-		BytesUp:   r.bytesUp.Load(),
-		FirstDown: unixNano(r.firstDown.Load()),
-		LastData:  unixNano(r.lastData.Load()),
-		Unused:    r.lim.asTime(r.unusedAtLast.Load() - r.unusedAtFirst.Load()),
+		Sessions:    r.nSessions.Load(),
+		PeakOpen:    r.peakOpen.Load(),
+		Cut:         r.nCut.Load(),
+		BytesDown:   r.bytesDown.Load(),
+		BytesEgress: r.bytesEgress.Load(),
+		BytesUp:     r.bytesUp.Load(),
+		FirstDown:   unixNano(r.firstDown.Load()),
+		LastData:    unixNano(r.lastData.Load()),
+		Unused:      r.lim.asTime(r.unusedAtLast.Load() - r.unusedAtFirst.Load()),
 	}
 }
 
@@ -347,7 +366,7 @@ func (r *Relay) acceptLoop() {
 		r.mu.Lock()
 		// Always draw the same amount of randomness per session so that the
 		// sequence does not depend on the configuration.
-		f, v := r.rng.Float64(), r.rng.Uint64()
+		f, v, j := r.rng.Float64(), r.rng.Uint64(), r.rng.Float64()
 		cfg := r.cfg
 		if r.closed {
 			r.mu.Unlock()
@@ -356,6 +375,9 @@ func (r *Relay) acceptLoop() {
 			return
 		}
 		s := &session{r: r, c: c.(*net.TCPConn), cut: -1, mode: cfg.Mode, path: cfg}
+		if cfg.Jitter > 0 {
+			s.path.RTT = max(0, cfg.RTT+time.Duration((2*j-1)*float64(cfg.Jitter)))
+		}
 		if f < cfg.CutProb {
 			// Modulo bias is below 2^-40 for any realistic range.
 			s.cut = cfg.CutMin + int64(v%(uint64(cfg.CutMax-cfg.CutMin)+1))
@@ -379,9 +401,10 @@ type session struct {
 	cancel context.CancelFunc
 	dead   atomic.Bool // cut reached: client data is discarded from now on
 
-	mu     sync.Mutex
-	u      *net.TCPConn // upstream side; nil until dialled
-	closed bool
+	mu      sync.Mutex
+	u       *net.TCPConn // upstream side; nil until dialled
+	uClosed bool         // u is closed
+	closed  bool
 }
 
 // close closes both sides once; rst sends an RST to the client.
@@ -397,9 +420,21 @@ func (s *session) close(rst bool) {
 		s.c.SetLinger(0)
 	}
 	s.c.Close()
-	if s.u != nil {
-		s.u.Close()
+	s.closeTargetLocked()
+}
+
+// closeTargetLocked closes the target side, once, counting as egress the
+// bytes the target sent that wait unread in the socket: they left it, and
+// a bill counts them. s.mu must be held.
+func (s *session) closeTargetLocked() {
+	if s.u == nil || s.uClosed {
+		return
 	}
+	s.uClosed = true
+	if n, err := unreadBytes(s.u); err == nil {
+		s.r.bytesEgress.Add(int64(n))
+	}
+	s.u.Close()
 }
 
 func (s *session) serve() {
@@ -537,6 +572,7 @@ func (s *session) down() {
 			p = p[:remaining]
 		}
 		n, rerr := s.u.Read(p)
+		r.bytesEgress.Add(int64(n))
 		for sent := 0; sent < n; {
 			k := n - sent
 			if win != nil {
@@ -586,9 +622,7 @@ func (s *session) kill() {
 		return
 	case CleanClose:
 		s.mu.Lock()
-		if s.u != nil {
-			s.u.Close()
-		}
+		s.closeTargetLocked()
 		s.mu.Unlock()
 		s.c.CloseWrite() // FIN after the data already written
 		// Close only once the FIN is acknowledged: closing a socket with
@@ -597,9 +631,7 @@ func (s *session) kill() {
 		s.close(false)
 	case Reset:
 		s.mu.Lock()
-		if s.u != nil {
-			s.u.Close()
-		}
+		s.closeTargetLocked()
 		s.mu.Unlock()
 		// An RST discards unsent data: let the client receive all of it.
 		waitDrained(s.ctx, s.c)

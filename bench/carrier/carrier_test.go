@@ -248,6 +248,9 @@ func TestClean(t *testing.T) {
 	c.Close()
 	srv.waitEnded(t, 1)
 	r.Close()
+	if st := r.Stats(); st.BytesEgress != size {
+		t.Errorf("bytes that left the target: got %v, want %v", st.BytesEgress, size)
+	}
 	if got, want := countsOf(t, r.Stats()), (Stats{Sessions: 1, PeakOpen: 1, BytesDown: size}); got != want {
 		t.Fatalf("stats %+v, want %+v", got, want)
 	}
@@ -260,8 +263,34 @@ func countsOf(t *testing.T, st Stats) Stats {
 	if st.FirstDown.IsZero() || st.LastData.Before(st.FirstDown) {
 		t.Errorf("first byte down at %v, last data at %v: want both, in that order", st.FirstDown, st.LastData)
 	}
-	st.FirstDown, st.LastData = time.Time{}, time.Time{}
+	if st.BytesEgress < st.BytesDown {
+		t.Errorf("bytes that left the target: got %v, want at least the %v delivered", st.BytesEgress, st.BytesDown)
+	}
+	st.FirstDown, st.LastData, st.BytesEgress = time.Time{}, time.Time{}, 0
 	return st
+}
+
+// TestEgressCountsBytesInFlight: a client that hangs up early never
+// receives what was on its way, but the target sent it, and egress counts
+// it as a carrier's bill would.
+func TestEgressCountsBytesInFlight(t *testing.T) {
+	t.Parallel()
+	const size = 4 << 20
+	srv := startServer(t, size)
+	r := startRelay(t, Config{Target: srv.ln.Addr().String(), RTT: 200 * time.Millisecond})
+	c := dial(t, r)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(c, make([]byte, 64<<10)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	srv.waitEnded(t, 1)
+	r.Close()
+	st := r.Stats()
+	if st.BytesEgress <= st.BytesDown || st.BytesEgress > size {
+		t.Errorf("bytes that left the target: got %v with %v delivered, want more than delivered (in flight on the delay line), at most %v",
+			st.BytesEgress, st.BytesDown, size)
+	}
 }
 
 func TestHTTP(t *testing.T) {
@@ -582,5 +611,37 @@ func TestLimiterUnused(t *testing.T) {
 	}
 	if got, want := l.asTime(100_000), 100*time.Millisecond; got != want {
 		t.Errorf("asTime(100 kB) at 1 MB/s: got %v, want %v", got, want)
+	}
+}
+
+// TestJitterSpreadsRTT: each session's round-trip time is drawn from
+// [RTT-Jitter, RTT+Jitter], and they differ.
+func TestJitterSpreadsRTT(t *testing.T) {
+	t.Parallel()
+	const (
+		rtt    = 40 * time.Millisecond
+		jitter = 20 * time.Millisecond
+		n      = 16
+	)
+	srv := startServerReq(t, 1, 1) // holds each session until it is sent a byte
+	r := startRelay(t, Config{Target: srv.ln.Addr().String(), RTT: rtt, Jitter: jitter, Seed: 3})
+	for range n {
+		dial(t, r)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for r.Stats().Sessions < n && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.mu.Lock()
+	rtts := map[time.Duration]bool{}
+	for s := range r.sessions {
+		if got := s.path.RTT; got < rtt-jitter || got > rtt+jitter {
+			t.Errorf("a session's RTT: got %v, want %v to %v", got, rtt-jitter, rtt+jitter)
+		}
+		rtts[s.path.RTT] = true
+	}
+	r.mu.Unlock()
+	if len(rtts) < n/2 {
+		t.Errorf("distinct RTTs among %v sessions: got %v, want most of them", n, len(rtts))
 	}
 }

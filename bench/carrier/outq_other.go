@@ -12,3 +12,9 @@ import (
 func unackedBytes(c *net.TCPConn) (int, error) {
 	return 0, errors.ErrUnsupported
 }
+
+// unreadBytes is not implemented here: egress then counts only what the
+// relay read.
+func unreadBytes(c *net.TCPConn) (int, error) {
+	return 0, errors.ErrUnsupported
+}

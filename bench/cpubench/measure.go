@@ -194,7 +194,7 @@ func (b *bench) coldFetch(ctx context.Context, start starter) (sample, error) {
 		Sys:      used.Sys,
 		Machine:  machineAfter - machineBefore - selfAfter.Sub(selfBefore).Total(),
 		Wall:     wall.Seconds(),
-		Upstream: relayAfter.BytesDown - relayBefore.BytesDown,
+		Upstream: relayAfter.BytesEgress - relayBefore.BytesEgress,
 		Sessions: relayAfter.Sessions - relayBefore.Sessions,
 		Reads:    activity.ReadCalls,
 		Switches: activity.Switches,

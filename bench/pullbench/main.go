@@ -27,6 +27,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -58,16 +59,25 @@ type config struct {
 	Extras         bool    `json:"extras"`                // the rows measured at the first RTT only were measured
 	Replicas       bool    `json:"replicas"`              // the rows of two replicas sharing a MinIO bucket were measured
 	ProxyFetch     string  `json:"proxy_fetch,omitempty"` // pullproxy's fetch settings, when not the defaults
+	// The scenario matrix (see matrix.go): runs of pullproxy's cold pull
+	// per path, one per carrier seed, and of the clean direct pull it is
+	// compared with; 0: no matrix.
+	MatrixSeeds     int    `json:"matrix_seeds,omitempty"`
+	MatrixCleanRuns int    `json:"matrix_clean_runs,omitempty"`
+	MatrixPaths     string `json:"matrix_paths,omitempty"` // a regular expression the measured paths' names match
 }
 
 type bench struct {
-	cfg    config
-	dir    string
-	bin    string
-	reg    *registrytest.Registry
-	pushed registrytest.Pushed
-	ref    string
-	bytes  int64 // bytes of the image containerd fetches for one platform
+	cfg config
+	dir string
+	bin string
+	reg *registrytest.Registry
+	// plainReg serves reg's content in plain HTTP, for the matrix's paths
+	// without TLS; nil without a matrix.
+	plainReg *registrytest.Registry
+	pushed   registrytest.Pushed
+	ref      string
+	bytes    int64 // bytes of the image containerd fetches for one platform
 
 	proxyLogs string // where each pullproxy's debug log goes; "": nowhere
 }
@@ -104,7 +114,9 @@ func parseFlags() (cfg config, jsonOut, proxyLogs, cpuProfile string) {
 	flag.Float64Var(&cfg.Scale, "scale", 1, "scale layer sizes (0.1 for a quick run)")
 	flag.IntVar(&cfg.DirectAttempts, "direct-attempts", 12, "attempts of the direct pull across the carrier before giving up")
 	flag.IntVar(&cfg.Clients, "clients", 20, "concurrent clients for the coalescing and memory measurements")
-	rtts := flag.String("rtts", "0,40,100", "round-trip times of the path to measure at, in ms")
+	rtts := flag.String("rtts", "0,40,100", `round-trip times of the path to measure the table's rows at, in ms ("": none)`)
+	matrix := flag.String("matrix", "off", "the scenario matrix: off, quick (2 seeds per path, 1 clean pull) or full (5 and 3)")
+	flag.StringVar(&cfg.MatrixPaths, "matrix-paths", "", "measure only the matrix's paths whose names match this regular expression")
 	flag.BoolVar(&cfg.Extras, "extras", true, "measure the direct pull across the carrier, stalls, the warm pull, coalescing, "+
 		"a kill and memory, at the first RTT")
 	flag.BoolVar(&cfg.Replicas, "replicas", true, "measure two pullproxy replicas sharing a MinIO bucket (a pull through one "+
@@ -112,7 +124,22 @@ func parseFlags() (cfg config, jsonOut, proxyLogs, cpuProfile string) {
 	flag.StringVar(&cfg.ProxyFetch, "proxy-fetch", "", `pullproxy's fetch settings, as YAML flow mapping entries, e.g. "max_connection_budget: 1MiB"`)
 	flag.IntVar(&cfg.SetupRTTs, "setup-rtts", 1, "round trips of set-up per session before TLS's own (TCP's handshake)")
 	flag.Parse()
+	switch *matrix {
+	case "off":
+	case "quick":
+		cfg.MatrixSeeds, cfg.MatrixCleanRuns = 2, 1
+	case "full":
+		cfg.MatrixSeeds, cfg.MatrixCleanRuns = 5, 3
+	default:
+		log.Fatalf("-matrix %q: want off, quick or full", *matrix)
+	}
+	if _, err := regexp.Compile(cfg.MatrixPaths); err != nil {
+		log.Fatalf("-matrix-paths: %v", err)
+	}
 	for _, f := range strings.Split(*rtts, ",") {
+		if strings.TrimSpace(f) == "" {
+			continue
+		}
 		ms, err := strconv.ParseInt(strings.TrimSpace(f), 10, 64)
 		if err != nil || ms < 0 {
 			log.Fatalf("-rtts %q: want milliseconds, comma-separated", *rtts)
@@ -154,7 +181,11 @@ func run(ctx context.Context, cfg config, jsonOut, proxyLogs string) error {
 	b.proxyLogs = proxyLogs
 
 	rep := report{Provenance: prov, ImageBytes: b.bytes, Config: cfg, Results: b.measureAll(ctx)}
+	if cfg.MatrixSeeds > 0 {
+		rep.Matrix = b.matrix(ctx)
+	}
 	printTable(os.Stdout, rep)
+	printMatrix(os.Stdout, rep)
 	if jsonOut != "" {
 		return benchrun.WriteJSON(jsonOut, rep)
 	}
@@ -186,10 +217,20 @@ func setup(ctx context.Context, cfg config) (*bench, error) {
 		b.bytes += l.Size
 	}
 	log.Printf("image: %d layers, %.1f MiB", len(b.pushed.Layers), float64(b.bytes)/mib)
+	if cfg.MatrixSeeds > 0 {
+		// The same storage, in plain HTTP.
+		if b.plainReg, err = registrytest.Start(ctx, filepath.Join(dir, "registry"), registrytest.WithBlobRedirects()); err != nil {
+			b.close()
+			return nil, fmt.Errorf("starting the plain HTTP registry: %w", err)
+		}
+	}
 	return b, nil
 }
 
 func (b *bench) close() {
+	if b.plainReg != nil {
+		b.plainReg.Close()
+	}
 	b.reg.Close()
 	os.RemoveAll(b.dir)
 }

@@ -25,6 +25,7 @@ type sample struct {
 	// whole-image pull's only). unused is how long the path's cap went
 	// unused between them (see carrier.Stats.Unused).
 	head, tail, unused float64
+	sessions, cut      float64 // sessions the carrier accepted, and cut
 }
 
 // measurement is one row of the table, measured cfg.Runs times.

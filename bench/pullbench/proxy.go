@@ -154,7 +154,7 @@ func (b *bench) coalesce(ctx context.Context) (sample, error) {
 	if err := g.Wait(); err != nil {
 		return sample{}, err
 	}
-	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesDown, layer.Size),
+	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesEgress, layer.Size),
 		rssMiB: p.PeakRSSMiB()}, nil
 }
 
@@ -187,7 +187,7 @@ func (b *bench) killed(ctx context.Context) (sample, error) {
 	if err := getBlob(ctx, p.blobURL(layer), layer); err != nil {
 		return sample{}, fmt.Errorf("after the restart: %w", err)
 	}
-	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesDown, layer.Size)}, nil
+	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesEgress, layer.Size)}, nil
 }
 
 // memory: many clients pull the whole cold image at once (each blob, three
@@ -216,6 +216,6 @@ func (b *bench) memory(ctx context.Context) (sample, error) {
 	if err := g.Wait(); err != nil {
 		return sample{}, err
 	}
-	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesDown, b.bytes),
+	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesEgress, b.bytes),
 		rssMiB: p.PeakRSSMiB()}, nil
 }

@@ -136,7 +136,7 @@ func (b *bench) direct(ctx context.Context, prob float64, rtt time.Duration) (sa
 	}
 	st := path.Stats()
 	head, tail := f.around(st)
-	return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes), peakConns: float64(st.PeakOpen),
+	return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesEgress, b.bytes), peakConns: float64(st.PeakOpen),
 		head: head, tail: tail, unused: st.Unused.Seconds()}, nil
 }
 
@@ -198,7 +198,7 @@ func (b *bench) directAttempt(ctx context.Context, rtt time.Duration) (attempt, 
 	if err != nil {
 		return attempt{}, err
 	}
-	a := attempt{Seconds: f.took.Seconds(), UpstreamBytes: path.Stats().BytesDown, Outcome: pulled}
+	a := attempt{Seconds: f.took.Seconds(), UpstreamBytes: path.Stats().BytesEgress, Outcome: pulled}
 	if f.failure != "" {
 		a.Outcome = f.failure
 	}
@@ -225,17 +225,17 @@ func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, prob float64, r
 	if !warm {
 		st := path.Stats()
 		head, tail := f.around(st)
-		return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesDown, b.bytes),
+		return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesEgress, b.bytes),
 			rssMiB: p.PeakRSSMiB(), peakConns: float64(st.PeakOpen), head: head, tail: tail, unused: st.Unused.Seconds()}, nil
 	}
-	before := path.Stats().BytesDown
+	before := path.Stats().BytesEgress
 	if f, err = b.pull(ctx, p.Addr, mirrorHosts); err != nil {
 		return sample{}, err
 	}
 	if f.failure != "" {
 		return sample{}, fmt.Errorf("warm pull through pullproxy failed after %.2fs: %s", f.took.Seconds(), f.failure)
 	}
-	return sample{seconds: f.took.Seconds(), upstream: ratio(path.Stats().BytesDown-before, b.bytes)}, nil
+	return sample{seconds: f.took.Seconds(), upstream: ratio(path.Stats().BytesEgress-before, b.bytes)}, nil
 }
 
 // carrier starts the simulated path to the registry: cuts in mode with

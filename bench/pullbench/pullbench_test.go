@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/pullproxy/pullproxy/bench/carrier"
 )
 
 // serveOnce accepts one connection on a new listener and hands it to fn.
@@ -114,5 +116,31 @@ func TestSummarise(t *testing.T) {
 	got := summarise([]sample{{seconds: 3}, {seconds: 1}, {seconds: 2}}, func(s sample) float64 { return s.seconds })
 	if got.Median != 2 || got.Worst != 3 || len(got.Runs) != 3 || got.Runs[0] != 3 {
 		t.Errorf("summarise = %+v, want runs in order, median 2, worst 3", got)
+	}
+}
+
+// TestMatrixPaths: every path of the matrix makes a valid carrier, names
+// itself once, and turns bad only with cuts to turn bad with.
+func TestMatrixPaths(t *testing.T) {
+	names := map[string]bool{}
+	for _, p := range matrixPaths() {
+		if names[p.Name] {
+			t.Errorf("path %q: named twice", p.Name)
+		}
+		names[p.Name] = true
+		if _, ok := modes[p.Mode]; !ok {
+			t.Errorf("path %q: mode %q, want one of reset, close, stall", p.Name, p.Mode)
+		}
+		if p.CutProb <= 0 || p.CutMin <= 0 || p.CutMax < p.CutMin {
+			t.Errorf("path %q: cuts %v of sessions at %d–%d bytes, want some", p.Name, p.CutProb, p.CutMin, p.CutMax)
+		}
+		r, err := carrier.Start(carrier.Config{Target: "127.0.0.1:1", Mode: modes[p.Mode], CutProb: p.CutProb,
+			CutMin: p.CutMin, CutMax: p.CutMax, RTT: time.Duration(p.RTTms) * time.Millisecond,
+			Jitter: time.Duration(p.JitterMs) * time.Millisecond, SlowStart: true})
+		if err != nil {
+			t.Errorf("path %q: %v", p.Name, err)
+			continue
+		}
+		r.Close()
 	}
 }

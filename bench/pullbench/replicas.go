@@ -188,14 +188,14 @@ func (b *bench) replicaAfter(ctx context.Context, rtt time.Duration) (sample, er
 	}
 	log.Printf("replica B after A: A's pull took %.2fs; every blob was in the bucket %.2fs after it ended (at most)",
 		f.took.Seconds(), time.Since(f.end).Seconds())
-	before := r.path.Stats().BytesDown
+	before := r.path.Stats().BytesEgress
 	if f, err = b.pull(ctx, r.b.Addr, mirrorHosts); err != nil {
 		return sample{}, err
 	}
 	if f.failure != "" {
 		return sample{}, fmt.Errorf("pull through replica B failed after %.2fs: %s", f.took.Seconds(), f.failure)
 	}
-	return sample{seconds: f.took.Seconds(), upstream: ratio(r.path.Stats().BytesDown-before, b.bytes)}, nil
+	return sample{seconds: f.took.Seconds(), upstream: ratio(r.path.Stats().BytesEgress-before, b.bytes)}, nil
 }
 
 // replicasAtOnce: two new containerds pull the cold image at the same time,
@@ -240,6 +240,6 @@ func (b *bench) replicasAtOnce(ctx context.Context, rtt time.Duration) (sample, 
 		}
 	}
 	st := r.path.Stats()
-	return sample{seconds: end.Sub(first).Seconds(), upstream: ratio(st.BytesDown, b.bytes),
+	return sample{seconds: end.Sub(first).Seconds(), upstream: ratio(st.BytesEgress, b.bytes),
 		rssMiB: max(r.a.PeakRSSMiB(), r.b.PeakRSSMiB()), peakConns: float64(st.PeakOpen)}, nil
 }

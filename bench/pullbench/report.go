@@ -11,9 +11,10 @@ import (
 // report is what results.json holds.
 type report struct {
 	benchrun.Provenance
-	ImageBytes int64    `json:"image_bytes"`
-	Config     config   `json:"config"`
-	Results    []result `json:"results"`
+	ImageBytes int64       `json:"image_bytes"`
+	Config     config      `json:"config"`
+	Results    []result    `json:"results"`
+	Matrix     []matrixRow `json:"matrix,omitempty"`
 }
 
 // printTable prints the figures as Markdown, under what they were measured
@@ -21,6 +22,9 @@ type report struct {
 func printTable(w io.Writer, rep report) {
 	cfg := rep.Config
 	fmt.Fprintf(w, "%s\n\n", rep.Provenance)
+	if len(rep.Results) == 0 {
+		return
+	}
 	fmt.Fprintf(w, "Image: %d layers, %.1f MiB. Carrier: %.0f%% of sessions cut after %.1f–%.1f MB (\"carrier\" rows; "+
 		"\"clean path\" rows: no cuts), %.0f MB/s shared; at a round-trip time above 0 each session waits %d round "+
 		"trip(s) of set-up and then TCP slow start (10 segments doubling each round trip); the registry speaks "+
