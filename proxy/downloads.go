@@ -238,7 +238,9 @@ func (t *downloads) run(rt route, dl *download) {
 
 // fetchAttrs are the log attributes of how a download went: chunks
 // answered whole, chunk requests made again (each refused or cut one),
-// refused, and cut by kind (the path's doing), and the endpoints tried.
+// refused, and cut by kind (the path's doing), the endpoints tried, and
+// what the upstream sent that the blob did not keep (see
+// upstream.FetchReport): what a carrier bills beyond fetched_bytes.
 func fetchAttrs(r upstream.FetchReport) []any {
 	cuts, retries := "none", r.Failed
 	for _, n := range r.Cuts {
@@ -254,7 +256,9 @@ func fetchAttrs(r upstream.FetchReport) []any {
 		}
 		cuts = b.String()
 	}
-	return []any{"chunks", r.Chunks, "retries", retries, "chunks_refused", r.Failed, "cuts", cuts, "endpoints_tried", r.Endpoints}
+	return []any{"chunks", r.Chunks, "retries", retries, "chunks_refused", r.Failed, "cuts", cuts, "endpoints_tried", r.Endpoints,
+		"hedges", r.Hedges, "overtaken", r.Overtaken, "abandoned", r.Abandoned,
+		"discarded_bytes", r.DiscardedBytes, "abandoned_bytes", r.AbandonedBytes}
 }
 
 // restart starts a new download of d unless one is already running.

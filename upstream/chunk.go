@@ -55,6 +55,11 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 	if err != nil {
 		chunks.WithLabelValues("failed").Inc()
 		f.stats.chunk("failed", "")
+		if ctx.Err() != nil && on.conn != nil && !c.Open && c.End >= 0 {
+			// Sent, and no longer wanted before its answer came: the
+			// upstream may send all of it.
+			f.wasted(waste{abandoned: c.End - c.Start})
+		}
 		if e := (*Error)(nil); errors.As(err, &e) &&
 			(e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable) {
 			f.ep.pipe.failed(pipeBusy)
@@ -113,10 +118,20 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 		conn.expect(end - start)
 		defer conn.expect(0)
 	}
-	n, err := f.copyBody(ctx, resp.Body, start, end, resp.StatusCode == http.StatusPartialContent, ahead)
+	n, dropped, err := f.copyBody(ctx, resp.Body, start, end, resp.StatusCode == http.StatusPartialContent, ahead)
 	// A stream restarted from byte 0 re-sends bytes already held: only those
 	// past the chunk's start are progress.
 	fresh := max(0, start+n-c.Start)
+	w := waste{discarded: dropped + n - fresh}
+	if ended := errors.Is(err, errOvertaken) || errors.Is(err, errTooSlow) || err != nil && ctx.Err() != nil; ended {
+		// pullproxy hangs up on the rest of the answer: what waits in
+		// the socket came for nothing, and the rest may be on its way.
+		if conn != nil {
+			w.discarded += int64(conn.queued())
+		}
+		w.abandoned = max(0, end-start-n-w.discarded)
+	}
+	f.wasted(w)
 	if errors.Is(err, errOvertaken) {
 		// Its connection closes with the unread answer: no evidence about
 		// the path, and no cut.
@@ -132,6 +147,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 			return fresh, fail(ErrInvalid, err, "storing %s at %d: %v", f.digest, start+n, err)
 		}
 		if ctx.Err() != nil {
+			f.stats.chunk("abandoned", "")
 			return fresh, ctx.Err() // we hung up: not the path's doing
 		}
 		kind := cutKind(err)
@@ -352,15 +368,33 @@ var errOvertaken = errors.New("overtaken by another request for the same bytes")
 // MinGoodput.
 var errTooSlow = errors.New("slower than min_goodput")
 
+// waste is what a chunk's request cost beyond the bytes it kept:
+// discarded bytes were received and thrown away (held already, or left
+// unread in the socket when the request was ended); abandoned ones were
+// asked for and never received by a request pullproxy ended, which the
+// upstream may have sent all the same (on a fast path, most of them).
+type waste struct{ discarded, abandoned int64 }
+
+// wasted counts w in the endpoint's metrics and the blob's report.
+func (f *blobFetch) wasted(w waste) {
+	if w.discarded > 0 {
+		f.ep.discarded.Add(float64(w.discarded))
+	}
+	if w.abandoned > 0 {
+		f.ep.abandoned.Add(float64(w.abandoned))
+	}
+	f.stats.wasted(w)
+}
+
 // copyBody writes body to [start, end) of the blob, returning the bytes
-// written. It gathers up to a buffer's worth per write (see gather): a TLS
+// written, and those received and dropped, held already (errOvertaken). It gathers up to a buffer's worth per write (see gather): a TLS
 // body arrives 16 KiB at a time, and each write is a syscall and wakes the
 // blob's readers. Near the end it starts ahead's warm-up. An answer to a
 // range request (ranged) stops as soon as it finds its next byte written
 // already, once the blob has a hedged chunk (errOvertaken): racing requests
 // would otherwise both bring the rest. A stream from byte 0 re-sends bytes
 // held before on purpose, and reads on.
-func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int64, ranged bool, ahead *warmup) (int64, error) {
+func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int64, ranged bool, ahead *warmup) (written, dropped int64, err error) {
 	bufp := f.r.buffers.Get().(*[]byte)
 	defer f.r.buffers.Put(bufp)
 	buf := *bufp
@@ -378,11 +412,11 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 		if n > 0 && ranged && f.hedges.Load() > 0 && plan.Overtaken(f.w, off) {
 			// Racing another request for these bytes: the one that finds
 			// its next byte written is behind, and gives way.
-			return off - start, errOvertaken
+			return off - start, int64(n), errOvertaken
 		}
 		if n > 0 {
 			if _, werr := f.w.WriteAt(buf[:n], off); werr != nil {
-				return off - start, fmt.Errorf("%w: %w", errStore, werr)
+				return off - start, 0, fmt.Errorf("%w: %w", errStore, werr)
 			}
 			off += int64(n)
 			f.written.Add(int64(n))
@@ -396,14 +430,14 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 		case err == nil:
 		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 			if off < end {
-				return off - start, io.ErrUnexpectedEOF
+				return off - start, 0, io.ErrUnexpectedEOF
 			}
 		default:
-			return off - start, err
+			return off - start, 0, err
 		}
 		if minRate > 0 && off < end {
 			if now := time.Now(); now.After(slowCheck) && float64(off-start) < minRate*now.Sub(began).Seconds() {
-				return off - start, fmt.Errorf("%w: %d bytes in %v", errTooSlow, off-start, now.Sub(began).Round(time.Millisecond))
+				return off - start, 0, fmt.Errorf("%w: %d bytes in %v", errTooSlow, off-start, now.Sub(began).Round(time.Millisecond))
 			}
 		}
 	}
@@ -411,7 +445,7 @@ func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int
 	// chunk only once it has seen it. An answer longer than asked for ends
 	// its connection here instead, as it should.
 	body.Read(buf[:1])
-	return off - start, nil
+	return off - start, 0, nil
 }
 
 // gather reads from body into buf until buf is full, the body ends or

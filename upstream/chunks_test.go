@@ -473,7 +473,8 @@ func TestFetchBlobHedgeRaceEndsEarly(t *testing.T) {
 	cfg.StallTimeout = time.Minute
 	r := newFetchRegistry(t, cfg, []string{srv.URL}, WithMetrics(m))
 	w := newMemBlobWriter(-1)
-	if _, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w); err != nil {
+	rep, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), w)
+	if err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
 	checkBlob(t, w, blob)
@@ -489,7 +490,24 @@ func TestFetchBlobHedgeRaceEndsEarly(t *testing.T) {
 	if got := metricValue(t, reg, "pullproxy_upstream_chunks_total", labels); got != 1 {
 		t.Errorf("pullproxy_upstream_chunks_total{result=overtaken}: got %v, want 1", got)
 	}
-	t.Logf("bytes sent: %d for a %d-byte blob (%.3fx)", sent.Load(), size, float64(sent.Load())/size)
+	if rep.Hedges != 1 || rep.Overtaken != 1 {
+		t.Errorf("report: got %d hedges, %d overtaken, want 1 and 1", rep.Hedges, rep.Overtaken)
+	}
+	// What the server sent beyond the blob was received and dropped, or
+	// was part of what the request given up had not received yet.
+	extra := sent.Load() - size
+	if rep.DiscardedBytes > extra || rep.DiscardedBytes+rep.AbandonedBytes < extra {
+		t.Errorf("report: got %d bytes discarded and %d abandoned, want at most and at least the %d sent beyond the blob, in all",
+			rep.DiscardedBytes, rep.AbandonedBytes, extra)
+	}
+	for kind, want := range map[string]int64{"discarded": rep.DiscardedBytes, "abandoned": rep.AbandonedBytes} {
+		labels := map[string]string{"upstream": testUpstream, "endpoint": host(srv), "kind": kind}
+		if got := metricValue(t, reg, "pullproxy_upstream_wasted_bytes_total", labels); got != float64(want) {
+			t.Errorf("pullproxy_upstream_wasted_bytes_total{kind=%s}: got %v, want the report's %d", kind, got, want)
+		}
+	}
+	t.Logf("bytes sent: %d for a %d-byte blob (%.3fx); %d discarded, %d abandoned", sent.Load(), size,
+		float64(sent.Load())/size, rep.DiscardedBytes, rep.AbandonedBytes)
 }
 
 // startRange answers a HEAD for a blob of size bytes, or sets the headers

@@ -19,6 +19,9 @@ type endpoint struct {
 	budget *budget
 	pipe   *pipe
 	chunks *prometheus.CounterVec // chunks by result, curried with upstream and endpoint
+	// discarded and abandoned count the bytes it sent, or may have sent,
+	// that no blob kept (see waste).
+	discarded, abandoned prometheus.Counter
 	up     prometheus.Gauge
 	health health
 }

@@ -68,6 +68,16 @@ type FetchReport struct {
 	// Cuts counts the connections that died mid-answer, by kind: reset,
 	// eof, stall, slow, error.
 	Cuts map[string]int64
+	// Hedges counts chunks asked for again while their first request was
+	// still open (see plan.HedgeAfter); Overtaken the requests that gave
+	// way to another for the same bytes; Abandoned those pullproxy hung up
+	// on mid-answer as no longer needed (the fetch ended). One too slow is
+	// a cut of kind slow.
+	Hedges, Overtaken, Abandoned int64
+	// DiscardedBytes and AbandonedBytes are what the upstream sent, or may
+	// have sent, that the blob did not keep (see waste): a carrier bills
+	// them.
+	DiscardedBytes, AbandonedBytes int64
 }
 
 // fetchStats accumulates a FetchReport across a blob's workers and endpoints.
@@ -77,6 +87,10 @@ type fetchStats struct {
 	chunks    int64
 	failed    int64
 	cuts      map[string]int64
+	hedges    int64
+	waste     waste // summed over the blob's requests
+	overtaken int64
+	abandoned int64
 }
 
 func (s *fetchStats) chunk(result, cutKind string) {
@@ -95,13 +109,39 @@ func (s *fetchStats) chunk(result, cutKind string) {
 			s.cuts = map[string]int64{}
 		}
 		s.cuts[cutKind]++
+	case "overtaken":
+		s.overtaken++
+	case "abandoned":
+		s.abandoned++
 	}
+}
+
+// wasted adds what one request cost beyond the bytes it kept.
+func (s *fetchStats) wasted(w waste) {
+	if s == nil || w == (waste{}) {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.waste.discarded += w.discarded
+	s.waste.abandoned += w.abandoned
+}
+
+func (s *fetchStats) hedged() {
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hedges++
 }
 
 func (s *fetchStats) report(endpoint string) FetchReport {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return FetchReport{Endpoint: endpoint, Endpoints: s.endpoints, Chunks: s.chunks, Failed: s.failed, Cuts: maps.Clone(s.cuts)}
+	return FetchReport{Endpoint: endpoint, Endpoints: s.endpoints, Chunks: s.chunks, Failed: s.failed, Cuts: maps.Clone(s.cuts),
+		Hedges: s.hedges, Overtaken: s.overtaken, Abandoned: s.abandoned,
+		DiscardedBytes: s.waste.discarded, AbandonedBytes: s.waste.abandoned}
 }
 
 // blobFetch is one blob being fetched from one endpoint. Which chunk comes
@@ -435,6 +475,7 @@ func (f *blobFetch) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, b
 	}
 	if c.Hedge {
 		f.hedges.Add(1)
+		f.stats.hedged()
 	}
 	return c, true, nil
 }

@@ -15,6 +15,7 @@ type Metrics struct {
 	cuts      *prometheus.CounterVec
 	chunks    *prometheus.CounterVec
 	retries   *prometheus.CounterVec
+	wasted    *prometheus.CounterVec
 
 	connLimit     *prometheus.GaugeVec
 	connsInFlight *prometheus.GaugeVec
@@ -54,6 +55,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "pullproxy_upstream_chunks_total",
 		Help: "Blob chunks requested from endpoints, by result: complete, cut, failed (no byte received), overtaken (ended early: a request racing it for the same bytes at a blob's end brought them first).",
 	}, []string{"upstream", "endpoint", "result"})
+	m.wasted = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pullproxy_upstream_wasted_bytes_total",
+		Help: "Blob bytes an endpoint sent, or may have sent, that no blob kept, by kind: discarded (received and thrown away: bytes another request had written already, a restarted stream's, bytes left unread when pullproxy ended a request) and abandoned (asked for and never received by requests pullproxy ended: at most what the endpoint sent besides). A carrier bills them; pullproxy_upstream_blob_bytes_total does not count them.",
+	}, []string{"upstream", "endpoint", "kind"})
 	m.connLimit = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "pullproxy_upstream_connections_limit",
 		Help: "Chunk connections to an endpoint allowed in flight at once, as currently adapted to the path (at most fetch.max_connections).",
@@ -78,7 +83,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "pullproxy_ecr_token_renewals_total",
 		Help: "ECR authorization tokens asked for, by region and result (ok, failed).",
 	}, []string{"region", "result"})
-	for _, c := range []prometheus.Collector{m.ecrRenewals, m.requests, m.blobBytes, m.budget, m.cuts, m.chunks, m.retries,
+	for _, c := range []prometheus.Collector{m.ecrRenewals, m.requests, m.blobBytes, m.budget, m.cuts, m.chunks, m.retries, m.wasted,
 		m.connLimit, m.connsInFlight, m.rateRemaining, m.rateLimit, m.endpointUp} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -256,8 +256,10 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			budget: newBudget(fetch, o.log.With("upstream", name, "endpoint", u.Host), o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
 			pipe: newPipe(fetch.MaxConnections, r.newLane, o.log.With("upstream", name, "endpoint", u.Host),
 				o.metrics.connLimit.With(labels), o.metrics.connsInFlight.With(labels)),
-			chunks: o.metrics.chunks.MustCurryWith(labels),
-			up:     o.metrics.endpointUp.With(labels),
+			chunks:    o.metrics.chunks.MustCurryWith(labels),
+			discarded: o.metrics.wasted.MustCurryWith(labels).WithLabelValues("discarded"),
+			abandoned: o.metrics.wasted.MustCurryWith(labels).WithLabelValues("abandoned"),
+			up:        o.metrics.endpointUp.With(labels),
 		})
 		ep := r.endpoints[len(r.endpoints)-1]
 		ep.up.Set(1)
