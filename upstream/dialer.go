@@ -45,6 +45,9 @@ type chunkDialer struct {
 	warm   map[dialKey][]warmConn // oldest first
 	setup  map[dialKey]time.Duration
 	recent map[dialKey]*setupTimes
+	// firstByte holds the least time from a request's sending to its
+	// answer's first byte (see noteFirstByte).
+	firstByte map[dialKey]*setupTimes
 }
 
 // setupTimes holds the least set-up time of connections to an address
@@ -182,9 +185,36 @@ func (d *chunkDialer) noteSetup(key dialKey, took time.Duration) {
 	r.add(max(took, 1), time.Now()) // 0 marks none seen in setupTimes
 }
 
+// noteFirstByte records that a request to key brought its answer's first
+// byte took after it was sent: a round trip of the path and the server's
+// answer, whatever answered the connect. A middlebox that accepts TCP
+// itself (as carrier equipment counting bytes per session often does)
+// makes a long path's connects look short; its requests do not.
+func (d *chunkDialer) noteFirstByte(key dialKey, took time.Duration) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.firstByte[key]
+	if r == nil {
+		r = &setupTimes{}
+		d.firstByte[key] = r
+	}
+	r.add(max(took, 1), time.Now())
+}
+
+// roundTrip returns the least time a request to key took to its answer's
+// first byte lately (see setupTimes), or 0 when none was answered yet: how
+// long the path is, as its data shows.
+func (d *chunkDialer) roundTrip(key dialKey) time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.firstByte[key]; r != nil {
+		return r.least
+	}
+	return 0
+}
+
 // shortestSetup returns the least time opening a connection to key took
-// lately (see setupTimes), or 0 when none was opened yet: how long the path
-// is.
+// lately (see setupTimes), or 0 when none was opened yet.
 func (d *chunkDialer) shortestSetup(key dialKey) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()

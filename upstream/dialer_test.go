@@ -99,13 +99,17 @@ func TestSetupTimesKeepsTheLeast(t *testing.T) {
 	}
 }
 
-// TestMetadataSetupTellsThePath: the set-up of the metadata client's
-// connections (TCP, and TLS for https) is what the chunk pipe knows of the
-// path before its first chunk (see pipe.startShortLocked).
-func TestMetadataSetupTellsThePath(t *testing.T) {
+// TestMetadataRequestsTellThePath: the metadata client's requests are what
+// the chunk pipe knows of the path before its first chunk (see
+// pipe.startShortLocked): the time from a request's sending to its
+// answer's first byte, which a slow answer lengthens though its connect
+// is quick, as a path behind a middlebox that answers the connect itself.
+func TestMetadataRequestsTellThePath(t *testing.T) {
 	t.Parallel()
+	const answerAfter = 30 * time.Millisecond
 	manifest := []byte(`{"schemaVersion":2}`)
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(answerAfter)
 		w.Header().Set("Content-Type", "application/vnd.oci.image.manifest.v1+json")
 		w.Write(manifest)
 	})
@@ -126,13 +130,16 @@ func TestMetadataSetupTellsThePath(t *testing.T) {
 			t.Cleanup(srv.Close)
 			r := newFetchRegistry(t, FetchConfig{}, []string{srv.URL}, opts...)
 			ep := r.endpoints[0]
-			if got := ep.pipe.setup(); got != 0 {
-				t.Fatalf("set-up known before any connection: %v", got)
+			if got := ep.pipe.pathRoundTrip(); got != 0 {
+				t.Fatalf("round trip known before any request: %v", got)
 			}
 			if _, _, err := r.GetManifest(t.Context(), "org/app", "latest", nil); err != nil {
 				t.Fatalf("GetManifest: %v", err)
 			}
-			if got := ep.pipe.setup(); got <= 0 {
+			if got := ep.pipe.pathRoundTrip(); got < answerAfter {
+				t.Errorf("round trip after a manifest answered in %v: got %v, want at least that", answerAfter, got)
+			}
+			if got := r.dialer.shortestSetup(ep.key); got <= 0 {
 				t.Errorf("set-up after a manifest: got %v, want it known", got)
 			}
 		})

@@ -15,6 +15,7 @@ import (
 type endpoint struct {
 	url    *url.URL
 	host   string // label for logs and metrics
+	key    dialKey
 	region string // for regional registries (ECR), else ""
 	budget *budget
 	pipe   *pipe
@@ -22,8 +23,8 @@ type endpoint struct {
 	// discarded and abandoned count the bytes it sent, or may have sent,
 	// that no blob kept (see waste).
 	discarded, abandoned prometheus.Counter
-	up     prometheus.Gauge
-	health health
+	up                   prometheus.Gauge
+	health               health
 }
 
 // markFailed leaves the endpoint aside for a while after it failed for good.

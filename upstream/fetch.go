@@ -483,11 +483,11 @@ func (f *blobFetch) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, b
 // hedgeAfter is how long a chunk in flight may bring nothing before its
 // rest is asked for again (see plan.HedgeAfter).
 func (f *blobFetch) hedgeAfter() time.Duration {
-	var setup time.Duration
-	if f.ep.pipe.setup != nil {
-		setup = f.ep.pipe.setup()
+	var first time.Duration // a new connection's first byte: its set-up and a round trip
+	if d := f.r.dialer; d != nil {
+		first = d.shortestSetup(f.ep.key) + d.roundTrip(f.ep.key)
 	}
-	return plan.HedgeAfter(setup, f.r.fetch.StallTimeout)
+	return plan.HedgeAfter(first, f.r.fetch.StallTimeout)
 }
 
 // release tells the planner chunk c is over: what it left unwritten is

@@ -189,6 +189,9 @@ type chunkTrace struct {
 	conn *chunkConn
 	used []*chunkConn
 	got  func(*chunkConn) // called with each chunk connection the request goes out on; nil: none
+	// firstByte, when set, times each request (a redirect's too) to its
+	// answer's first byte.
+	firstByte *firstByteClock
 }
 
 // trace returns the hooks that record the connections. The context a chunk
@@ -196,7 +199,7 @@ type chunkTrace struct {
 // (a token, an ECR credential), some from goroutines of their own: their
 // connections are not chunk connections, and are left alone.
 func (t *chunkTrace) trace() *httptrace.ClientTrace {
-	return &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+	ct := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		c := asChunkConn(info.Conn)
 		if c == nil {
 			return
@@ -208,6 +211,10 @@ func (t *chunkTrace) trace() *httptrace.ClientTrace {
 			t.got(c)
 		}
 	}}
+	if t.firstByte != nil {
+		ct.WroteRequest, ct.GotFirstResponseByte = t.firstByte.wroteRequest, t.firstByte.gotFirstByte
+	}
+	return ct
 }
 
 // done ends the request on every connection it used.

@@ -54,9 +54,9 @@ type metaTransport struct {
 	meter   *meter                 // nil with a caller's own RoundTripper: no byte counts
 	retries *prometheus.CounterVec // by reason, curried with the upstream
 	log     *slog.Logger
-	// noteSetup is told how long opening each new connection took; nil:
-	// not wanted.
-	noteSetup func(dialKey, time.Duration)
+	// paths is told how long opening each new connection took, and each
+	// request's first byte; nil: not wanted.
+	paths *chunkDialer
 }
 
 // newMetaTransport returns the transport of r's metadata client over base.
@@ -69,9 +69,7 @@ func (r *Registry) newMetaTransport(base http.RoundTripper) *metaTransport {
 		return mt // a caller's own RoundTripper: used as it is, with retries
 	}
 	mt.meter = newMeter(r.endpoints, r.fetch.MinConnectionBudget)
-	if r.dialer != nil {
-		mt.noteSetup = r.dialer.noteSetup
-	}
+	mt.paths = r.dialer
 	mt.pooled = mt.meter.transport(t, true, r.targets.guard)
 	mt.fresh = mt.meter.transport(t, false, r.targets.guard)
 	return mt
@@ -121,7 +119,7 @@ func (t *metaTransport) try(req *http.Request, rt http.RoundTripper) (*http.Resp
 	var on connTrace
 	sent := req
 	if t.meter != nil {
-		sent = req.WithContext(httptrace.WithClientTrace(req.Context(), on.trace(req.URL, t.noteSetup)))
+		sent = req.WithContext(httptrace.WithClientTrace(req.Context(), on.trace(req.URL, t.paths)))
 	}
 	resp, err := rt.RoundTrip(sent)
 	if err != nil {
@@ -214,11 +212,15 @@ func readAhead(method string, resp *http.Response) error {
 type connTrace struct{ conn *meteredConn }
 
 // trace returns the hooks that record the connection a request went out
-// on and, with note, how long opening a new one took (see setupClock).
-func (c *connTrace) trace(u *url.URL, note func(dialKey, time.Duration)) *httptrace.ClientTrace {
+// on and, with paths, how long opening a new one took (see setupClock) and
+// the request's first byte (see firstByteClock).
+func (c *connTrace) trace(u *url.URL, paths *chunkDialer) *httptrace.ClientTrace {
 	t := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) { c.conn = metered(info.Conn) }}
-	if note != nil {
-		clock := &setupClock{key: keyOf(u), note: note}
+	if paths != nil {
+		key := keyOf(u)
+		clock := &setupClock{key: key, note: paths.noteSetup}
+		first := &firstByteClock{note: func(d time.Duration) { paths.noteFirstByte(key, d) }}
+		t.WroteRequest, t.GotFirstResponseByte = first.wroteRequest, first.gotFirstByte
 		t.ConnectStart = clock.connectStart
 		if clock.key.secure {
 			t.TLSHandshakeDone = func(_ tls.ConnectionState, err error) { clock.done(err) }
@@ -258,6 +260,27 @@ func (s *setupClock) done(err error) {
 	s.mu.Unlock()
 	if err == nil && !start.IsZero() {
 		s.note(s.key, time.Since(start))
+	}
+}
+
+// firstByteClock times a request from its last byte sent to its answer's
+// first byte received, and passes it to note: a round trip of the path,
+// where a connection's set-up may not be (see chunkDialer.noteFirstByte).
+// Its hooks run on net/http's writing and reading goroutines.
+type firstByteClock struct {
+	note  func(time.Duration)
+	wrote atomic.Int64 // Unix nanoseconds; 0: not yet, or timed already
+}
+
+func (c *firstByteClock) wroteRequest(info httptrace.WroteRequestInfo) {
+	if info.Err == nil {
+		c.wrote.Store(time.Now().UnixNano())
+	}
+}
+
+func (c *firstByteClock) gotFirstByte() {
+	if at := c.wrote.Swap(0); at != 0 {
+		c.note(time.Duration(time.Now().UnixNano() - at))
 	}
 }
 

@@ -22,7 +22,10 @@ import (
 // over windows of a chunk lifetime and a half: the limit doubles, and goes
 // on doubling while goodput grows in proportion (by a quarter when it grows
 // less); once a step brings no more goodput it is taken back and the limit
-// holds until growthHold has passed, then tries again. A path found full
+// holds, minGrowthHold the first time and twice as long each time in a row
+// after, up to growthHold, then tries again: a path that has room again (a
+// cap lifted, or cuts that took the limit down are over) is filled within
+// seconds, and a full one is probed seldom. A path found full
 // (or a limit at its ceiling) is then trimmed: a quarter fewer connections
 // each window while the goodput stays within trimKeep of the full path's,
 // down to minTrimmed, the last step taken back once it does not; not on a
@@ -50,13 +53,17 @@ import (
 // one. Within a blob, the chunk a client waits for is claimed first (see
 // plan.Planner.Claim).
 type pipe struct {
-	log      *slog.Logger
-	max      int
-	newLane  func() *lane
-	setup    func() time.Duration // how long opening a connection to the endpoint takes at least, lately; nil or 0: unknown
-	limitG   prometheus.Gauge
-	flightG  prometheus.Gauge
-	received atomic.Int64 // chunk bytes received from the endpoint, ever
+	log     *slog.Logger
+	max     int
+	newLane func() *lane
+	// roundTrip is the path's round trip as its data shows it: the least
+	// time from a request's sending to its answer's first byte, lately
+	// (see chunkDialer.roundTrip); nil or 0: unknown. Not the connect's:
+	// a middlebox that answers TCP itself makes a long path's look short.
+	roundTrip func() time.Duration
+	limitG    prometheus.Gauge
+	flightG   prometheus.Gauge
+	received  atomic.Int64 // chunk bytes received from the endpoint, ever
 
 	mu       sync.Mutex
 	limit    int
@@ -78,13 +85,14 @@ type pipe struct {
 	shrank     bool    // the limit shrank, from stepFrom, and is to be judged
 	settled    bool    // with shrank: a window has passed since, the next is judged
 	stepFrom   int
-	trimming   bool      // the path was found full: fewer connections are tried while it stays full
-	fullRate   float64   // with trimming: the goodput of the full path, which fewer connections must keep
-	failedAt   time.Time // the last cut, stall or 429/503: no trimming for staleRate after
-	shortTried bool      // the limit went straight to minTrimmed once
-	untrimmed  int       // the limit before trimming took it lower; 0: not trimmed
-	holdUntil  time.Time // no growth before
-	rampStart  time.Time // the first saturated window after none for staleRate
+	trimming   bool          // the path was found full: fewer connections are tried while it stays full
+	fullRate   float64       // with trimming: the goodput of the full path, which fewer connections must keep
+	failedAt   time.Time     // the last cut, stall or 429/503: no trimming for staleRate after
+	shortTried bool          // the limit went straight to minTrimmed once
+	untrimmed  int           // the limit before trimming took it lower; 0: not trimmed
+	holdUntil  time.Time     // no growth before
+	holdFor    time.Duration // the last hold after a step that brought nothing (see backOffLocked); 0: none since one paid off
+	rampStart  time.Time     // the first saturated window after none for staleRate
 }
 
 type pipeWaiter struct {
@@ -117,9 +125,11 @@ const (
 	// without a floor, a burst of stalls would leave one or two connections
 	// to carry the pull for seconds.
 	minStalled = initialConnections / 2
-	// growthHold is how long the limit holds once goodput stopped rising
-	// with it, before trying again; rampHold, when that was within
-	// rampTime of the first evidence (see tickLocked).
+	// minGrowthHold and growthHold bound how long the limit holds once
+	// goodput stopped rising with it, before trying again (see
+	// backOffLocked); rampHold, when that was within rampTime of the first
+	// evidence (see tickLocked).
+	minGrowthHold      = 2 * time.Second
 	growthHold         = 30 * time.Second
 	rampTime, rampHold = 3 * time.Second, time.Second
 	// minWindow and maxWindow bound the goodput measurement window, which
@@ -130,12 +140,12 @@ const (
 	// trimKeep: fewer connections are kept while the goodput stays above
 	// this share of what more connections had.
 	trimKeep = 0.97
-	// trimMaxSetup: a path whose connections take longer to open is not
-	// trimmed.
-	trimMaxSetup = 20 * time.Millisecond
-	// longSetup: a path whose connections take this long to open (TCP's
-	// and TLS's round trips of 50 ms) starts at the ceiling.
-	longSetup = 100 * time.Millisecond
+	// shortPath: a path whose requests are answered in less (a round trip
+	// and the server's answer) is short: it is trimmed, and it starts low.
+	shortPath = 10 * time.Millisecond
+	// longPath: a path whose requests take this long at least starts at
+	// the ceiling.
+	longPath = 50 * time.Millisecond
 )
 
 func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
@@ -159,7 +169,7 @@ func (p *pipe) acquire(ctx context.Context, owner *blobFetch) (*lane, error) {
 		}
 		if why != "" {
 			// Logged on the way out, the lock released.
-			defer p.log.Debug("chunk connection limit changed", "from", from, "to", p.limit, "why", why, "setup", p.setup())
+			defer p.log.Debug("chunk connection limit changed", "from", from, "to", p.limit, "why", why, "round_trip", p.pathRoundTrip())
 		}
 	}
 	if p.inflight < p.limit && len(p.waiters) == 0 {
@@ -344,7 +354,7 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 		// (fewer sessions for the same goodput), hold, and see whether
 		// fewer still keep it full.
 		p.setLimitLocked(p.stepFrom)
-		p.holdUntil = now.Add(growthHold)
+		p.backOffLocked(now)
 		if now.Sub(p.rampStart) < rampTime {
 			// Early in a pull a window's goodput says as much about the
 			// client's requests still arriving and the first handshakes
@@ -369,7 +379,7 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 		// Too few now: back to the last limit that kept the path full.
 		p.setLimitLocked(p.stepFrom)
 		p.trimming = false
-		p.holdUntil = now.Add(growthHold)
+		p.backOffLocked(now)
 		return "goodput fell with fewer connections", rate
 	case p.trimming && p.limit > minTrimmed:
 		// Goodput judged by the best window seen at more connections
@@ -408,6 +418,7 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 		if rate/prevRate >= 0.75*float64(p.limit)/float64(p.stepFrom) {
 			step = p.limit
 		}
+		p.holdFor = 0
 		p.growLocked(step)
 		return "goodput rose with the limit", rate
 	}
@@ -415,8 +426,8 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 
 // startShortLocked takes the limit straight to minTrimmed before the
 // endpoint's first chunk when the path is already known to be short: the
-// metadata client opened the first connections, for the manifests (see
-// setupClock). It reports whether it did. The growth that follows takes
+// metadata client's requests, for the manifests, timed it (see
+// firstByteClock). It reports whether it did. The growth that follows takes
 // the limit up again if the path wants more. Starting at initialConnections
 // on a short path instead, a cold pull would open tens of connections at
 // once, each a TLS handshake at both ends, and leave the path idle while
@@ -434,14 +445,14 @@ func (p *pipe) startShortLocked() bool {
 }
 
 // startLongLocked takes the limit to the ceiling before the endpoint's
-// first chunk when the path is already known to be long: its connections
-// open in longSetup or more (see startShortLocked). It reports whether it
-// did. Across such a path each connection spends its first round trips
+// first chunk when the path is already known to be long: its requests
+// take longPath or more to be answered (see startShortLocked). It reports
+// whether it did. Across such a path each connection spends its first round trips
 // opening and in slow start, so initialConnections of them fill only a
 // part of it, and growing to the ceiling a window at a time would take
 // seconds of the pull.
 func (p *pipe) startLongLocked() bool {
-	if p.limit >= p.max || p.setup == nil || p.setup() < longSetup {
+	if p.limit >= p.max || p.pathRoundTrip() < longPath {
 		return false
 	}
 	p.limit = p.max
@@ -468,17 +479,23 @@ func (p *pipe) startTrimLocked() {
 	p.trimming, p.fullRate, p.settled, p.shrank = true, 0, false, false
 }
 
-// shortLocked reports whether the path is short: a connection opens within
-// trimMaxSetup. Only a short path is trimmed. On a long one connections are
+// shortLocked reports whether the path is short: its requests are answered
+// within shortPath. Only a short path is trimmed. On a long one connections are
 // what covers the bandwidth-delay product, a window holds few chunk
 // lifetimes to judge a step by, and a step down that was wrong costs
 // seconds of goodput to find out and undo.
 func (p *pipe) shortLocked() bool {
-	if p.setup == nil {
-		return false
+	d := p.pathRoundTrip()
+	return d > 0 && d < shortPath
+}
+
+// pathRoundTrip returns the path's round trip (see roundTrip), 0 when
+// unknown.
+func (p *pipe) pathRoundTrip() time.Duration {
+	if p.roundTrip == nil {
+		return 0
 	}
-	d := p.setup()
-	return d > 0 && d < trimMaxSetup
+	return p.roundTrip()
 }
 
 // trimLocked takes a quarter of the connections off, to be judged after a
@@ -561,6 +578,16 @@ func (p *pipe) failed(kind int) {
 // a half, so that connections added at its start count.
 func (p *pipe) windowLocked() time.Duration {
 	return min(max(3*p.chunkTime/2, minWindow), maxWindow)
+}
+
+// backOffLocked holds growth after a step that brought nothing:
+// minGrowthHold the first time, twice as long each time in a row after, up
+// to growthHold. One window's goodput is noisy (cuts, a busy host, a cap
+// that lifts): a single long hold on its word would keep the limit low for
+// the rest of a pull whose path has room.
+func (p *pipe) backOffLocked(now time.Time) {
+	p.holdFor = min(max(2*p.holdFor, minGrowthHold), growthHold)
+	p.holdUntil = now.Add(p.holdFor)
 }
 
 func (p *pipe) holdLocked(until time.Time) {

@@ -19,7 +19,7 @@ import (
 func newTestPipe(maxConns int) *pipe {
 	p := newPipe(maxConns, func() *lane { return &lane{} }, discardLogger, prometheus.NewGauge(prometheus.GaugeOpts{Name: "limit"}),
 		prometheus.NewGauge(prometheus.GaugeOpts{Name: "in_flight"}))
-	p.setup = func() time.Duration { return time.Millisecond }
+	p.roundTrip = func() time.Duration { return time.Millisecond }
 	return p
 }
 
@@ -28,6 +28,13 @@ func newTestPipe(maxConns int) *pipe {
 // together at most capacity, each chunk being chunk bytes. It returns the
 // most connections in flight at once.
 func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64, chunk int64, d time.Duration) int {
+	t.Helper()
+	return simulateChangingPath(t, p, workers, perConn, func() float64 { return capacity }, chunk, d)
+}
+
+// simulateChangingPath is simulatePath on a path whose capacity changes:
+// capacity says what it is now.
+func simulateChangingPath(t *testing.T, p *pipe, workers int, perConn float64, capacity func() float64, chunk int64, d time.Duration) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	defer cancel()
@@ -55,7 +62,7 @@ func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64,
 					p.mu.Lock()
 					n := p.inflight
 					p.mu.Unlock()
-					rate := min(perConn, capacity/float64(n))
+					rate := min(perConn, capacity()/float64(n))
 					step := time.Duration(float64(chunk/8) / rate * float64(time.Second))
 					time.Sleep(step)
 					took += step
@@ -81,10 +88,10 @@ func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64,
 func TestPipeGrowsToFillThePath(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name     string
-		perConn  float64
-		setup    time.Duration // to open a connection
-		min, max int           // the limit after a minute
+		name      string
+		perConn   float64
+		roundTrip time.Duration // a request to its first byte
+		min, max  int           // the limit after a minute
 	}{
 		{"long path", 1e6, time.Millisecond, 60, 64},
 		// 16 fill the link; 15 keep 94% of it, which a window's goodput
@@ -92,14 +99,14 @@ func TestPipeGrowsToFillThePath(t *testing.T) {
 		{"medium path", 4e6, time.Millisecond, 15, 32},
 		{"short path", 16e6, time.Millisecond, 4, 8},
 		// A long path starts at the ceiling (see startLongLocked).
-		{"few connections fill a path with long set-up: not trimmed", 16e6, 200 * time.Millisecond, 64, 64},
+		{"few connections fill a long path: not trimmed", 16e6, 100 * time.Millisecond, 64, 64},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
 				p := newTestPipe(64)
-				p.setup = func() time.Duration { return tt.setup }
+				p.roundTrip = func() time.Duration { return tt.roundTrip }
 				var samples []int
 				sampled := make(chan struct{})
 				go func() {
@@ -196,14 +203,14 @@ func TestPipeShares(t *testing.T) {
 func TestPipeShortPathStartsFew(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name     string
-		perConn  float64
-		setup    time.Duration
-		at       time.Duration // when the limit is looked at
-		min, max int
+		name      string
+		perConn   float64
+		roundTrip time.Duration
+		at        time.Duration // when the limit is looked at
+		min, max  int
 	}{
 		{"short path", 16e6, time.Millisecond, 2 * time.Second, minTrimmed, minTrimmed},
-		{"long path", 16e6, 200 * time.Millisecond, 2 * time.Second, initialConnections, 64},
+		{"long path", 16e6, 100 * time.Millisecond, 2 * time.Second, initialConnections, 64},
 		// Judged after a window at minTrimmed that settles, and one more.
 		{"short path that few connections do not fill", 1e6, time.Millisecond, 8 * time.Second, initialConnections, 64},
 	}
@@ -212,7 +219,7 @@ func TestPipeShortPathStartsFew(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
 				p := newTestPipe(64)
-				p.setup = func() time.Duration { return tt.setup }
+				p.roundTrip = func() time.Duration { return tt.roundTrip }
 				var got int
 				sampled := make(chan struct{})
 				go func() {
@@ -238,20 +245,20 @@ func TestPipeShortPathStartsFew(t *testing.T) {
 func TestPipeStartsByThePathsLength(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		name  string
-		setup time.Duration // 0: none seen yet
-		want  int
+		name      string
+		roundTrip time.Duration // 0: none seen yet
+		want      int
 	}{
 		{"short path", time.Millisecond, minTrimmed},
-		{"40 ms path", 80 * time.Millisecond, initialConnections},
-		{"long path", 200 * time.Millisecond, 64},
+		{"40 ms path", 40 * time.Millisecond, initialConnections},
+		{"long path", 100 * time.Millisecond, 64},
 		{"not known yet", 0, initialConnections},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			p := newTestPipe(64)
-			p.setup = func() time.Duration { return tt.setup }
+			p.roundTrip = func() time.Duration { return tt.roundTrip }
 			owner := &blobFetch{finished: make(chan struct{})}
 			l, err := p.acquire(t.Context(), owner)
 			if err != nil {
@@ -263,7 +270,7 @@ func TestPipeStartsByThePathsLength(t *testing.T) {
 			p.release(owner, l, time.Millisecond)
 			// Only the first chunk decides: a path found short later is
 			// left to the measurements.
-			p.setup = func() time.Duration { return time.Millisecond }
+			p.roundTrip = func() time.Duration { return time.Millisecond }
 			if l, err = p.acquire(t.Context(), owner); err != nil {
 				t.Fatalf("acquire: %v", err)
 			}
@@ -423,12 +430,12 @@ func TestPipeJudgesALongPathsStepLate(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name      string
-		setup     time.Duration
+		roundTrip time.Duration
 		rates     []float64 // goodput of each window, bytes/s
 		wantLimit int
 	}{
-		{"long path, the step pays off a window late", 200 * time.Millisecond, []float64{30e6, 30e6, 60e6}, 64},
-		{"long path, the step never pays off", 200 * time.Millisecond, []float64{30e6, 30e6, 31e6}, 32},
+		{"long path, the step pays off a window late", 100 * time.Millisecond, []float64{30e6, 30e6, 60e6}, 64},
+		{"long path, the step never pays off", 100 * time.Millisecond, []float64{30e6, 30e6, 31e6}, 32},
 		{"short path, judged at once", time.Millisecond, []float64{30e6, 30e6}, 32},
 	}
 	for _, tt := range tests {
@@ -436,7 +443,7 @@ func TestPipeJudgesALongPathsStepLate(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
 				p := newTestPipe(64)
-				p.setup = func() time.Duration { return tt.setup }
+				p.roundTrip = func() time.Duration { return tt.roundTrip }
 				p.shortTried = true // not the short path's first jump: the step is what is tested
 				p.mu.Lock()
 				defer p.mu.Unlock()
@@ -459,9 +466,10 @@ func TestPipeJudgesALongPathsStepLate(t *testing.T) {
 }
 
 // TestPipeRetriesAStepSoonWhileRamping: a step that brought no goodput is
-// taken back and the limit holds; within rampTime of the first evidence,
-// when a window's goodput says as much about a client's requests still
-// arriving as about the path, it holds only rampHold.
+// taken back and the limit holds, the first time minGrowthHold; within
+// rampTime of the first evidence, when a window's goodput says as much
+// about a client's requests still arriving as about the path, it holds only
+// rampHold.
 func TestPipeRetriesAStepSoonWhileRamping(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
@@ -470,7 +478,7 @@ func TestPipeRetriesAStepSoonWhileRamping(t *testing.T) {
 		wantHold time.Duration
 	}{
 		{"while ramping", time.Second, rampHold},
-		{"after the ramp", rampTime, growthHold},
+		{"after the ramp", rampTime, minGrowthHold},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -555,27 +563,91 @@ func TestPipeNearestEndFirst(t *testing.T) {
 func TestPipeChunkTarget(t *testing.T) {
 	now := time.Now()
 	tests := []struct {
-		name     string
-		setup    time.Duration
-		connRate float64 // bytes/s
-		age      time.Duration
-		want     int64
+		name      string
+		roundTrip time.Duration
+		connRate  float64 // bytes/s
+		age       time.Duration
+		want      int64
 	}{
 		{"no pace yet", time.Millisecond, 0, 0, minChunkTarget},
 		{"short path, 16 MB/s a connection", time.Millisecond, 16e6, 0, 3_997_696}, // 4 MB, in 64 KiB
 		{"short path, 2 MB/s a connection", time.Millisecond, 2e6, 0, minChunkTarget},
 		{"short path, 100 MB/s a connection", time.Millisecond, 100e6, 0, maxChunkTarget},
 		{"short path, stale pace", time.Millisecond, 16e6, staleRate + time.Second, minChunkTarget},
-		{"long path, 16 MB/s a connection", 80 * time.Millisecond, 16e6, 0, minChunkTarget},
+		{"long path, 16 MB/s a connection", 40 * time.Millisecond, 16e6, 0, minChunkTarget},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := newTestPipe(64)
-			p.setup = func() time.Duration { return tt.setup }
+			p.roundTrip = func() time.Duration { return tt.roundTrip }
 			p.connRate, p.lastAt = tt.connRate, now.Add(-tt.age)
 			if got := p.chunkTarget(now); got != tt.want {
 				t.Errorf("got %d, want %d", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestPipeRecoversWithinSeconds: a path that carried only what 8
+// connections bring for a while (a burst of cuts took the limit there, and
+// a step up then brought nothing) and then has room again: the limit climbs
+// back within seconds, not after a long hold.
+func TestPipeRecoversWithinSeconds(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := newTestPipe(64)
+		p.roundTrip = func() time.Duration { return 40 * time.Millisecond }
+		const perConn = 1e6
+		start := time.Now()
+		capped := 15 * time.Second
+		capacity := func() float64 {
+			if time.Since(start) < capped {
+				return 8 * perConn
+			}
+			return 64e6
+		}
+		for range 24 {
+			p.failed(pipeCut) // 32 to 8
+		}
+		var at []int
+		sampled := make(chan struct{})
+		go func() {
+			defer close(sampled)
+			for range 30 {
+				time.Sleep(time.Second)
+				at = append(at, p.current())
+			}
+		}()
+		simulateChangingPath(t, p, 100, perConn, capacity, 1<<20, 30*time.Second)
+		<-sampled
+		t.Logf("limit each second: %v", at)
+		// The cap lifts at 15 s; by 25 s the limit is to have filled most
+		// of the path.
+		if got := at[24]; got < 48 {
+			t.Errorf("limit 10 s after the path had room again: got %v, want at least 48 (each second: %v)", got, at)
+		}
+	})
+}
+
+// TestPipeBacksOff: each step in a row that brings nothing holds growth
+// twice as long as the one before, from minGrowthHold up to growthHold; a
+// step that pays off starts it over.
+func TestPipeBacksOff(t *testing.T) {
+	t.Parallel()
+	p := newTestPipe(64)
+	now := time.Now()
+	var holds []time.Duration
+	for range 6 {
+		p.backOffLocked(now)
+		holds = append(holds, p.holdUntil.Sub(now))
+	}
+	want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, growthHold, growthHold}
+	if !slices.Equal(holds, want) {
+		t.Errorf("holds: got %v, want %v", holds, want)
+	}
+	p.holdFor = 0 // a step paid off (see tickLocked)
+	p.backOffLocked(now)
+	if got := p.holdUntil.Sub(now); got != minGrowthHold {
+		t.Errorf("hold after a step paid off: got %v, want %v", got, minGrowthHold)
 	}
 }

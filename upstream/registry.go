@@ -252,6 +252,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		r.endpoints = append(r.endpoints, &endpoint{
 			url:    u,
 			host:   u.Host,
+			key:    keyOf(u),
 			region: region,
 			budget: newBudget(fetch, o.log.With("upstream", name, "endpoint", u.Host), o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
 			pipe: newPipe(fetch.MaxConnections, r.newLane, o.log.With("upstream", name, "endpoint", u.Host),
@@ -264,8 +265,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		ep := r.endpoints[len(r.endpoints)-1]
 		ep.up.Set(1)
 		if r.dialer != nil {
-			key := keyOf(u)
-			ep.pipe.setup = func() time.Duration { return r.dialer.shortestSetup(key) }
+			ep.pipe.roundTrip = func() time.Duration { return r.dialer.roundTrip(ep.key) }
 		}
 	}
 	urls := make([]*url.URL, len(r.endpoints))

@@ -85,10 +85,24 @@ type matrixRow struct {
 	// Egress is each pullproxy run's bytes leaving the upstream (counted by
 	// the carrier where it reads them from the upstream, delivered or not)
 	// over the image's bytes.
-	Egress   *benchrun.Summary `json:"egress_bytes_ratio,omitempty"`
-	Sessions *benchrun.Summary `json:"sessions,omitempty"` // sessions the carrier accepted
-	Cut      *benchrun.Summary `json:"sessions_cut,omitempty"`
-	Error    string            `json:"error,omitempty"`
+	Egress *benchrun.Summary `json:"egress_bytes_ratio,omitempty"`
+	// Head, Unused and Tail are each run's time before the carrier carried
+	// the registry's first byte, the cap's capacity unused between that
+	// and the end of the last body it carried, and the time after it (see
+	// carrier.Stats): where the time beyond the link's went.
+	Head   *benchrun.Summary `json:"head_seconds,omitempty"`
+	Unused *benchrun.Summary `json:"unused_seconds,omitempty"`
+	Tail   *benchrun.Summary `json:"tail_seconds,omitempty"`
+	// Discarded and Abandoned are what pullproxy counted of the upstream's
+	// bytes it threw away and asked for but hung up on, over the image's;
+	// Overtaken its chunk requests overtaken by a hedge or the request it
+	// hedged (see pullproxy_upstream_wasted_bytes_total).
+	Discarded *benchrun.Summary `json:"discarded_ratio,omitempty"`
+	Abandoned *benchrun.Summary `json:"abandoned_ratio,omitempty"`
+	Overtaken *benchrun.Summary `json:"overtaken,omitempty"`
+	Sessions  *benchrun.Summary `json:"sessions,omitempty"` // sessions the carrier accepted
+	Cut       *benchrun.Summary `json:"sessions_cut,omitempty"`
+	Error     string            `json:"error,omitempty"`
 }
 
 // matrix measures every path: the clean pull of each distinct path first
@@ -140,6 +154,12 @@ func (b *bench) matrix(ctx context.Context) []matrixRow {
 			row.Proxy = summarise(samples, func(s sample) float64 { return s.seconds })
 			row.VsClean = summarise(samples, func(s sample) float64 { return s.seconds / row.Clean.Median })
 			row.Egress = summarise(samples, func(s sample) float64 { return s.upstream })
+			row.Head = summarise(samples, func(s sample) float64 { return s.head })
+			row.Unused = summarise(samples, func(s sample) float64 { return s.unused })
+			row.Tail = summarise(samples, func(s sample) float64 { return s.tail })
+			row.Discarded = summarise(samples, func(s sample) float64 { return s.discarded })
+			row.Abandoned = summarise(samples, func(s sample) float64 { return s.abandoned })
+			row.Overtaken = summarise(samples, func(s sample) float64 { return s.overtaken })
 			sum, cuts := benchrun.Summarise(sessions, false), benchrun.Summarise(cut, false)
 			row.Sessions, row.Cut = &sum, &cuts
 		}
@@ -184,9 +204,9 @@ func (b *bench) matrixPull(ctx context.Context, p pathSpec, seed uint64, proxied
 		scheme, hosts = "http", mirrorHosts
 	}
 	target := relay.Addr()
+	var px *proxyProcess
 	if proxied {
-		px, err := startProxy(ctx, b, scheme+"://"+relay.Addr())
-		if err != nil {
+		if px, err = startProxy(ctx, b, scheme+"://"+relay.Addr()); err != nil {
 			return sample{}, err
 		}
 		defer px.stop()
@@ -201,8 +221,20 @@ func (b *bench) matrixPull(ctx context.Context, p pathSpec, seed uint64, proxied
 	}
 	relay.Close() // its counts final: bytes still in flight are counted
 	st := relay.Stats()
-	return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesEgress, b.bytes), peakConns: float64(st.PeakOpen),
-		sessions: float64(st.Sessions), cut: float64(st.Cut)}, nil
+	head, tail := f.around(st)
+	s := sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesEgress, b.bytes), peakConns: float64(st.PeakOpen),
+		sessions: float64(st.Sessions), cut: float64(st.Cut), head: head, tail: tail, unused: st.Unused.Seconds()}
+	if px != nil {
+		const discarded, abandoned, overtaken = `pullproxy_upstream_wasted_bytes_total{kind="discarded"}`,
+			`pullproxy_upstream_wasted_bytes_total{kind="abandoned"}`, `pullproxy_upstream_chunks_total{result="overtaken"}`
+		c, err := px.counters(ctx, discarded, abandoned, overtaken)
+		if err != nil {
+			return sample{}, err
+		}
+		s.discarded, s.abandoned = c[discarded]/float64(b.bytes), c[abandoned]/float64(b.bytes)
+		s.overtaken = c[overtaken]
+	}
+	return s, nil
 }
 
 // pathCarrier starts the carrier for path p; with cuts, it cuts as p says
@@ -276,13 +308,18 @@ func printMatrix(w io.Writer, rep report) {
 	fmt.Fprintf(w, "\nScenario matrix: the cold pull through pullproxy across each path, once per carrier seed (%d), "+
 		"against containerd's own direct pull over the same path without cuts (median of %d); %.0f MB/s shared; "+
 		"slow start at every RTT above 0. Egress: the bytes leaving the registry, counted where the carrier reads "+
-		"them from it (delivered or in flight), over the image's. Worst path first.\n\n",
+		"them from it (delivered or in flight), over the image's. Head / unused / tail (medians): the time before "+
+		"the carrier carried the registry's first byte, the cap's capacity unused between that and the end of the "+
+		"last body it carried, as time at the cap, and the time after that end. Waste: what pullproxy itself counted, "+
+		"worst runs: the upstream's bytes it discarded and those it asked for and hung up on (at most what the "+
+		"upstream sent besides), as shares of the image, and chunk requests overtaken by a hedge. Worst path first.\n\n",
 		cfg.MatrixSeeds, cfg.MatrixCleanRuns, float64(cfg.Bandwidth)/1e6)
 	fmt.Fprintln(w, "| path | clean direct, median | pullproxy, median | pullproxy, worst | worst / clean "+
-		"| median / clean | egress, worst | sessions cut / accepted, median | note |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+		"| median / clean | egress, worst | waste: discarded / abandoned / overtaken | head / unused / tail "+
+		"| sessions cut / accepted, median | note |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, r := range rep.Matrix {
-		cells := []string{r.Path.Name, "", "", "", "", "", "", "", ""}
+		cells := []string{r.Path.Name, "", "", "", "", "", "", "", "", "", ""}
 		if r.Clean != nil {
 			cells[1] = fmt.Sprintf("%.2f s", r.Clean.Median)
 		}
@@ -290,10 +327,12 @@ func printMatrix(w io.Writer, rep report) {
 			cells[2], cells[3] = fmt.Sprintf("%.2f s", r.Proxy.Median), fmt.Sprintf("%.2f s", r.Proxy.Worst)
 			cells[4], cells[5] = fmt.Sprintf("%.2fx", r.VsClean.Worst), fmt.Sprintf("%.2fx", r.VsClean.Median)
 			cells[6] = fmt.Sprintf("%.3fx", r.Egress.Worst)
-			cells[7] = fmt.Sprintf("%.0f / %.0f", r.Cut.Median, r.Sessions.Median)
+			cells[7] = fmt.Sprintf("%.2f%% / %.2f%% / %.0f", 100*r.Discarded.Worst, 100*r.Abandoned.Worst, r.Overtaken.Worst)
+			cells[8] = fmt.Sprintf("%.2f / %.2f / %.2f s", r.Head.Median, r.Unused.Median, r.Tail.Median)
+			cells[9] = fmt.Sprintf("%.0f / %.0f", r.Cut.Median, r.Sessions.Median)
 		}
 		if r.Error != "" {
-			cells[8] = "failed: " + strings.ReplaceAll(r.Error, "\n", " ")
+			cells[10] = "failed: " + strings.ReplaceAll(r.Error, "\n", " ")
 		}
 		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -137,9 +140,10 @@ func (b *bench) proxyAcross(ctx context.Context, mode carrier.Mode, prob float64
 	return path, p, nil
 }
 
-// coalesce: many clients ask for one cold layer at once, across the carrier.
-func (b *bench) coalesce(ctx context.Context) (sample, error) {
-	path, p, err := b.proxyAcross(ctx, carrier.Reset, b.cfg.CutProb, 0)
+// coalesce: many clients ask for one cold layer at once, across the
+// carrier, which resets sessions with probability prob.
+func (b *bench) coalesce(ctx context.Context, prob float64) (sample, error) {
+	path, p, err := b.proxyAcross(ctx, carrier.Reset, prob, 0)
 	if err != nil {
 		return sample{}, err
 	}
@@ -154,8 +158,9 @@ func (b *bench) coalesce(ctx context.Context) (sample, error) {
 	if err := g.Wait(); err != nil {
 		return sample{}, err
 	}
-	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesEgress, layer.Size),
-		rssMiB: p.PeakRSSMiB()}, nil
+	took := time.Since(start).Seconds()
+	path.Close() // its counts final: bytes still in flight are counted
+	return sample{seconds: took, upstream: ratio(path.Stats().BytesEgress, layer.Size), rssMiB: p.PeakRSSMiB()}, nil
 }
 
 // killed: pullproxy is killed with SIGKILL when a client has read half of a
@@ -187,7 +192,9 @@ func (b *bench) killed(ctx context.Context) (sample, error) {
 	if err := getBlob(ctx, p.blobURL(layer), layer); err != nil {
 		return sample{}, fmt.Errorf("after the restart: %w", err)
 	}
-	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesEgress, layer.Size)}, nil
+	took := time.Since(start).Seconds()
+	path.Close() // its counts final: bytes still in flight are counted
+	return sample{seconds: took, upstream: ratio(path.Stats().BytesEgress, layer.Size)}, nil
 }
 
 // memory: many clients pull the whole cold image at once (each blob, three
@@ -216,6 +223,43 @@ func (b *bench) memory(ctx context.Context) (sample, error) {
 	if err := g.Wait(); err != nil {
 		return sample{}, err
 	}
-	return sample{seconds: time.Since(start).Seconds(), upstream: ratio(path.Stats().BytesEgress, b.bytes),
-		rssMiB: p.PeakRSSMiB()}, nil
+	took := time.Since(start).Seconds()
+	path.Close() // its counts final: bytes still in flight are counted
+	return sample{seconds: took, upstream: ratio(path.Stats().BytesEgress, b.bytes), rssMiB: p.PeakRSSMiB()}, nil
+}
+
+// counters sums, per metric name and label set given as name{label="v"},
+// the samples of pullproxy's /metrics over all their other labels: what
+// pullproxy itself says it did.
+func (p *proxyProcess) counters(ctx context.Context, wanted ...string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reading pullproxy's metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	sums := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		sample, value, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			continue
+		}
+		for _, w := range wanted {
+			name, label, _ := strings.Cut(w, "{")
+			label = strings.TrimSuffix(label, "}")
+			if strings.HasPrefix(sample, name+"{") && strings.Contains(sample, label) {
+				sums[w] += v
+			}
+		}
+	}
+	return sums, sc.Err()
 }

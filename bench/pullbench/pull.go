@@ -134,6 +134,7 @@ func (b *bench) direct(ctx context.Context, prob float64, rtt time.Duration) (sa
 	if f.failure != "" {
 		return sample{}, fmt.Errorf("direct pull failed after %.2fs: %s", f.took.Seconds(), f.failure)
 	}
+	path.Close() // its counts final: bytes still in flight are counted
 	st := path.Stats()
 	head, tail := f.around(st)
 	return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesEgress, b.bytes), peakConns: float64(st.PeakOpen),
@@ -223,6 +224,7 @@ func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, prob float64, r
 		return sample{}, fmt.Errorf("cold pull through pullproxy failed after %.2fs: %s", f.took.Seconds(), f.failure)
 	}
 	if !warm {
+		path.Close() // its counts final: bytes still in flight are counted
 		st := path.Stats()
 		head, tail := f.around(st)
 		return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesEgress, b.bytes),

@@ -239,6 +239,7 @@ func (b *bench) replicasAtOnce(ctx context.Context, rtt time.Duration) (sample, 
 			end = f.end
 		}
 	}
+	r.path.Close() // its counts final: bytes still in flight are counted
 	st := r.path.Stats()
 	return sample{seconds: end.Sub(first).Seconds(), upstream: ratio(st.BytesEgress, b.bytes),
 		rssMiB: max(r.a.PeakRSSMiB(), r.b.PeakRSSMiB()), peakConns: float64(st.PeakOpen)}, nil

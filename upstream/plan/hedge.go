@@ -7,12 +7,13 @@ import "time"
 const MinHedge = 300 * time.Millisecond
 
 // HedgeAfter is how long a chunk in flight may bring nothing before its
-// rest is asked for again, on a source whose connections take setup to
-// open (0: unknown) and are abandoned after stall of silence: several round
-// trips (a new connection's set-up takes two or three), and at least
+// rest is asked for again, on a source where a chunk on a new connection
+// brings its first byte first after it is asked for at least (the
+// connection's set-up and a round trip; 0: unknown), and whose connections
+// are abandoned after stall of silence: a few times first, at least
 // MinHedge, but less than the stall timeout.
-func HedgeAfter(setup, stall time.Duration) time.Duration {
-	return min(max(MinHedge, 3*setup), stall/2)
+func HedgeAfter(first, stall time.Duration) time.Duration {
+	return min(max(MinHedge, 3*first), stall/2)
 }
 
 // hedge claims again the rest of a chunk in flight that has brought nothing
