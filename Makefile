@@ -51,9 +51,9 @@ fuzz:
 ## bench: every benchmark, each writing its results under bench/ (root; make deps bench-deps first)
 bench: bench-pull bench-serve bench-cpu
 
-## bench-pull: the incident's 600 MiB image across the simulated carrier at RTT 0, 40 and 100 ms
+## bench-pull: the incident's 600 MiB image across the simulated carrier: the scenario matrix (quick: two seeds a path), and the other rows at RTT 0
 bench-pull:
-	$(GO) run ./bench/pullbench -runs 3 -json bench/results.json
+	$(GO) run ./bench/pullbench -runs 3 -rtts 0 -matrix quick -json bench/results.json
 
 ## bench-serve: cached blobs served by pullproxy, nginx and distribution, side by side
 bench-serve:
