@@ -37,12 +37,10 @@ const (
 // a cut is recorded at the bytes the session carried in all, and a
 // connection that used up its budget is retired.
 func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how chunkPlan) (int64, error) {
+	// Timed against the endpoint, whichever host answers: the path to it,
+	// or to where it redirects, is what the pipe fills.
 	on := chunkTrace{got: func(conn *chunkConn) { f.attach(c, conn) }}
-	if d := f.r.dialer; d != nil {
-		// Timed against the endpoint, whichever host answers: the path
-		// to it, or to where it redirects, is what the pipe fills.
-		on.firstByte = &firstByteClock{note: func(took time.Duration) { d.noteFirstByte(f.ep.key, took) }}
-	}
+	on.firstByte.paths, on.firstByte.key = f.r.dialer, f.ep.key
 	defer on.done()
 	ctx = httptrace.WithClientTrace(ctx, on.trace())
 	if how.probe != nil {

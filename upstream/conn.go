@@ -135,7 +135,7 @@ func newChunkTransport(base *http.Transport, firstByte, stall time.Duration) (*h
 	}
 	d := &chunkDialer{proxy: t.Proxy, dial: dial, tls: cfg, first: firstByte, idle: stall,
 		warm: map[dialKey][]warmConn{}, setup: map[dialKey]time.Duration{},
-		recent: map[dialKey]*setupTimes{}, firstByte: map[dialKey]*setupTimes{}}
+		recent: leastByKey{}, firstByte: leastByKey{}}
 	t.DialContext = d.dialTCP
 	t.DialTLSContext = d.dialTLS
 	t.ResponseHeaderTimeout = max(firstByte, t.ResponseHeaderTimeout)

@@ -44,18 +44,18 @@ type chunkDialer struct {
 	mu     sync.Mutex
 	warm   map[dialKey][]warmConn // oldest first
 	setup  map[dialKey]time.Duration
-	recent map[dialKey]*setupTimes
+	recent leastByKey // connections' set-ups (see noteSetup)
 	// firstByte holds the least time from a request's sending to its
 	// answer's first byte (see noteFirstByte).
-	firstByte map[dialKey]*setupTimes
+	firstByte leastByKey
 }
 
-// setupTimes holds the least set-up time of connections to an address
-// within setupMemory: how long the path itself is. Other set-ups take
-// longer than the path: those of a burst of connections, or on a busy CPU,
-// and, on a path its own chunks keep full, every one, as its handshake
-// queues behind their data (by tens of milliseconds at 64 MB/s), much as
-// at a real bottleneck.
+// setupTimes holds the least of the times something took on the path to an
+// address within setupMemory (a connection's set-up, a request's first
+// byte): how long the path itself is. Others take longer than the path:
+// those of a burst of connections, or on a busy CPU, and, on a path its own
+// chunks keep full, every one, as it queues behind their data (by tens of
+// milliseconds at 64 MB/s), much as at a real bottleneck.
 type setupTimes struct {
 	least time.Duration
 	at    time.Time // when least was seen
@@ -69,6 +69,26 @@ func (s *setupTimes) add(took time.Duration, now time.Time) {
 	if s.least == 0 || took <= s.least || now.Sub(s.at) > setupMemory {
 		s.least, s.at = took, now
 	}
+}
+
+// leastByKey holds setupTimes per address.
+type leastByKey map[dialKey]*setupTimes
+
+func (m leastByKey) add(key dialKey, took time.Duration, now time.Time) {
+	r := m[key]
+	if r == nil {
+		r = &setupTimes{}
+		m[key] = r
+	}
+	r.add(max(took, 1), now) // 0 marks none seen in setupTimes
+}
+
+// least returns key's least time lately, 0 when none was seen.
+func (m leastByKey) least(key dialKey) time.Duration {
+	if r := m[key]; r != nil {
+		return r.least
+	}
+	return 0
 }
 
 // dialKey is where a connection goes, and whether it speaks TLS.
@@ -177,12 +197,7 @@ func (d *chunkDialer) open(ctx context.Context, network string, key dialKey) (ne
 func (d *chunkDialer) noteSetup(key dialKey, took time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	r := d.recent[key]
-	if r == nil {
-		r = &setupTimes{}
-		d.recent[key] = r
-	}
-	r.add(max(took, 1), time.Now()) // 0 marks none seen in setupTimes
+	d.recent.add(key, took, time.Now())
 }
 
 // noteFirstByte records that a request to key brought its answer's first
@@ -193,12 +208,7 @@ func (d *chunkDialer) noteSetup(key dialKey, took time.Duration) {
 func (d *chunkDialer) noteFirstByte(key dialKey, took time.Duration) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	r := d.firstByte[key]
-	if r == nil {
-		r = &setupTimes{}
-		d.firstByte[key] = r
-	}
-	r.add(max(took, 1), time.Now())
+	d.firstByte.add(key, took, time.Now())
 }
 
 // roundTrip returns the least time a request to key took to its answer's
@@ -207,10 +217,7 @@ func (d *chunkDialer) noteFirstByte(key dialKey, took time.Duration) {
 func (d *chunkDialer) roundTrip(key dialKey) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r := d.firstByte[key]; r != nil {
-		return r.least
-	}
-	return 0
+	return d.firstByte.least(key)
 }
 
 // shortestSetup returns the least time opening a connection to key took
@@ -218,10 +225,7 @@ func (d *chunkDialer) roundTrip(key dialKey) time.Duration {
 func (d *chunkDialer) shortestSetup(key dialKey) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if r := d.recent[key]; r != nil {
-		return r.least
-	}
-	return 0
+	return d.recent.least(key)
 }
 
 // setupTime returns how long opening a connection to key took lately, or 0

@@ -189,9 +189,9 @@ type chunkTrace struct {
 	conn *chunkConn
 	used []*chunkConn
 	got  func(*chunkConn) // called with each chunk connection the request goes out on; nil: none
-	// firstByte, when set, times each request (a redirect's too) to its
-	// answer's first byte.
-	firstByte *firstByteClock
+	// firstByte, when its paths is set, times each request (a redirect's
+	// too) to its answer's first byte.
+	firstByte firstByteClock
 }
 
 // trace returns the hooks that record the connections. The context a chunk
@@ -211,7 +211,7 @@ func (t *chunkTrace) trace() *httptrace.ClientTrace {
 			t.got(c)
 		}
 	}}
-	if t.firstByte != nil {
+	if t.firstByte.paths != nil {
 		ct.WroteRequest, ct.GotFirstResponseByte = t.firstByte.wroteRequest, t.firstByte.gotFirstByte
 	}
 	return ct

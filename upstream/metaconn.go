@@ -219,7 +219,7 @@ func (c *connTrace) trace(u *url.URL, paths *chunkDialer) *httptrace.ClientTrace
 	if paths != nil {
 		key := keyOf(u)
 		clock := &setupClock{key: key, note: paths.noteSetup}
-		first := &firstByteClock{note: func(d time.Duration) { paths.noteFirstByte(key, d) }}
+		first := &firstByteClock{paths: paths, key: key}
 		t.WroteRequest, t.GotFirstResponseByte = first.wroteRequest, first.gotFirstByte
 		t.ConnectStart = clock.connectStart
 		if clock.key.secure {
@@ -264,11 +264,13 @@ func (s *setupClock) done(err error) {
 }
 
 // firstByteClock times a request from its last byte sent to its answer's
-// first byte received, and passes it to note: a round trip of the path,
-// where a connection's set-up may not be (see chunkDialer.noteFirstByte).
-// Its hooks run on net/http's writing and reading goroutines.
+// first byte received, and notes it in paths for key: a round trip of the
+// path, where a connection's set-up may not be (see
+// chunkDialer.noteFirstByte). Its hooks run on net/http's writing and
+// reading goroutines.
 type firstByteClock struct {
-	note  func(time.Duration)
+	paths *chunkDialer // nil: nothing is timed
+	key   dialKey
 	wrote atomic.Int64 // Unix nanoseconds; 0: not yet, or timed already
 }
 
@@ -280,7 +282,7 @@ func (c *firstByteClock) wroteRequest(info httptrace.WroteRequestInfo) {
 
 func (c *firstByteClock) gotFirstByte() {
 	if at := c.wrote.Swap(0); at != 0 {
-		c.note(time.Duration(time.Now().UnixNano() - at))
+		c.paths.noteFirstByte(c.key, time.Duration(time.Now().UnixNano()-at))
 	}
 }
 
