@@ -129,10 +129,12 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 	if ended := errors.Is(err, errOvertaken) || errors.Is(err, errTooSlow) || err != nil && ctx.Err() != nil; ended {
 		// pullproxy hangs up on the rest of the answer: what waits in
 		// the socket came for nothing, and the rest may be on its way.
+		var unread int64
 		if conn != nil {
-			w.discarded += int64(conn.queued())
+			unread = int64(conn.queued())
 		}
-		w.abandoned = max(0, end-start-n-w.discarded)
+		w.discarded += unread
+		w.abandoned = max(0, end-start-n-dropped-unread)
 	}
 	f.wasted(w)
 	if errors.Is(err, errOvertaken) {
