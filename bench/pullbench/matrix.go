@@ -100,6 +100,7 @@ type matrixRow struct {
 	Discarded *benchrun.Summary `json:"discarded_ratio,omitempty"`
 	Abandoned *benchrun.Summary `json:"abandoned_ratio,omitempty"`
 	Overtaken *benchrun.Summary `json:"overtaken,omitempty"`
+	PeakRSS   *benchrun.Summary `json:"peak_rss_mib,omitempty"` // pullproxy's peak resident memory
 	Sessions  *benchrun.Summary `json:"sessions,omitempty"` // sessions the carrier accepted
 	Cut       *benchrun.Summary `json:"sessions_cut,omitempty"`
 	Error     string            `json:"error,omitempty"`
@@ -160,6 +161,7 @@ func (b *bench) matrix(ctx context.Context) []matrixRow {
 			row.Discarded = summarise(samples, func(s sample) float64 { return s.discarded })
 			row.Abandoned = summarise(samples, func(s sample) float64 { return s.abandoned })
 			row.Overtaken = summarise(samples, func(s sample) float64 { return s.overtaken })
+			row.PeakRSS = summarise(samples, func(s sample) float64 { return s.rssMiB })
 			sum, cuts := benchrun.Summarise(sessions, false), benchrun.Summarise(cut, false)
 			row.Sessions, row.Cut = &sum, &cuts
 		}
@@ -233,6 +235,7 @@ func (b *bench) matrixPull(ctx context.Context, p pathSpec, seed uint64, proxied
 		}
 		s.discarded, s.abandoned = c[discarded]/float64(b.bytes), c[abandoned]/float64(b.bytes)
 		s.overtaken = c[overtaken]
+		s.rssMiB = px.PeakRSSMiB()
 	}
 	return s, nil
 }
@@ -316,10 +319,10 @@ func printMatrix(w io.Writer, rep report) {
 		cfg.MatrixSeeds, cfg.MatrixCleanRuns, float64(cfg.Bandwidth)/1e6)
 	fmt.Fprintln(w, "| path | clean direct, median | pullproxy, median | pullproxy, worst | worst / clean "+
 		"| median / clean | egress, worst | waste: discarded / abandoned / overtaken | head / unused / tail "+
-		"| sessions cut / accepted, median | note |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+		"| sessions cut / accepted, median | peak RSS, worst | note |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 	for _, r := range rep.Matrix {
-		cells := []string{r.Path.Name, "", "", "", "", "", "", "", "", "", ""}
+		cells := []string{r.Path.Name, "", "", "", "", "", "", "", "", "", "", ""}
 		if r.Clean != nil {
 			cells[1] = fmt.Sprintf("%.2f s", r.Clean.Median)
 		}
@@ -330,9 +333,10 @@ func printMatrix(w io.Writer, rep report) {
 			cells[7] = fmt.Sprintf("%.2f%% / %.2f%% / %.0f", 100*r.Discarded.Worst, 100*r.Abandoned.Worst, r.Overtaken.Worst)
 			cells[8] = fmt.Sprintf("%.2f / %.2f / %.2f s", r.Head.Median, r.Unused.Median, r.Tail.Median)
 			cells[9] = fmt.Sprintf("%.0f / %.0f", r.Cut.Median, r.Sessions.Median)
+			cells[10] = fmt.Sprintf("%.0f MiB", r.PeakRSS.Worst)
 		}
 		if r.Error != "" {
-			cells[10] = "failed: " + strings.ReplaceAll(r.Error, "\n", " ")
+			cells[11] = "failed: " + strings.ReplaceAll(r.Error, "\n", " ")
 		}
 		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
 	}
