@@ -1302,7 +1302,7 @@ func TestFetchConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatalf("got %v, want no error", err)
 	}
-	want := FetchConfig{ConnectionBudget: 1 << 20, MaxConnectionBudget: 64 << 20, MinConnectionBudget: 64 << 10, MaxConnections: 128,
+	want := FetchConfig{ConnectionBudget: 1 << 20, MaxConnectionBudget: 64 << 20, MinConnectionBudget: 64 << 10, MaxConnections: 64,
 		StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8, MinGoodput: 4 << 10}
 	if got != want {
 		t.Errorf("defaults: got %+v, want %+v", got, want)

@@ -37,11 +37,8 @@ type FetchConfig struct {
 	ParallelChunks int
 	// MaxConnections is the ceiling of chunk connections in flight to one
 	// endpoint, across all blobs. The limit in force adapts to the path
-	// below it (see pipe). Default 128: across a long path whose sessions
-	// are cut at a byte count, every connection spends most of its short
-	// life in slow start, and 64 left a fifth of a 64 MB/s link unused at
-	// 100 ms. Lower it for an upstream that refuses many connections from
-	// one client.
+	// below it (see pipe). Default 64: lower it for an upstream that
+	// refuses many connections from one client.
 	MaxConnections int
 	// StallTimeout abandons a connection that goes silent for this long once
 	// it has started answering. Default 2 s: a black hole is caught in
@@ -79,7 +76,7 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 	def(&c.MinConnectionBudget, min(64<<10, c.ConnectionBudget))
 	def(&c.MaxConnectionBudget, 64<<20)
 	if c.MaxConnections == 0 {
-		c.MaxConnections = 128
+		c.MaxConnections = 64
 	}
 	if c.StallTimeout == 0 {
 		c.StallTimeout = 2 * time.Second
