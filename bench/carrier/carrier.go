@@ -228,6 +228,7 @@ type Relay struct {
 	mu       sync.Mutex
 	cfg      Config
 	rng      *rand.Rand
+	jitter   *rand.Rand // sessions' round trips: a stream of its own, so that Jitter leaves the cuts' draws as they were
 	sessions map[*session]struct{}
 	closed   bool
 
@@ -256,6 +257,7 @@ func Start(cfg Config) (*Relay, error) {
 		cancel:   cancel,
 		cfg:      cfg,
 		rng:      rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15)),
+		jitter:   rand.New(rand.NewPCG(cfg.Seed, 0x6a09e667f3bcc908)),
 		sessions: make(map[*session]struct{}),
 	}
 	r.lim.init(cfg.Bandwidth)
@@ -366,7 +368,7 @@ func (r *Relay) acceptLoop() {
 		r.mu.Lock()
 		// Always draw the same amount of randomness per session so that the
 		// sequence does not depend on the configuration.
-		f, v, j := r.rng.Float64(), r.rng.Uint64(), r.rng.Float64()
+		f, v, j := r.rng.Float64(), r.rng.Uint64(), r.jitter.Float64()
 		cfg := r.cfg
 		if r.closed {
 			r.mu.Unlock()
