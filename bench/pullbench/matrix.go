@@ -101,7 +101,7 @@ type matrixRow struct {
 	Abandoned *benchrun.Summary `json:"abandoned_ratio,omitempty"`
 	Overtaken *benchrun.Summary `json:"overtaken,omitempty"`
 	PeakRSS   *benchrun.Summary `json:"peak_rss_mib,omitempty"` // pullproxy's peak resident memory
-	Sessions  *benchrun.Summary `json:"sessions,omitempty"` // sessions the carrier accepted
+	Sessions  *benchrun.Summary `json:"sessions,omitempty"`     // sessions the carrier accepted
 	Cut       *benchrun.Summary `json:"sessions_cut,omitempty"`
 	Error     string            `json:"error,omitempty"`
 }
