@@ -28,8 +28,9 @@ test: vet
 vet:
 	@set -e; for m in $(MODULES); do (cd $$m && $(GO) vet ./...); done
 
-## lint: staticcheck each module, and fail if `go mod tidy` would change its go.mod or go.sum
+## lint: gofmt, staticcheck each module, and fail if `go mod tidy` would change its go.mod or go.sum
 lint:
+	@unformatted=$$(gofmt -l .); if [ -n "$$unformatted" ]; then echo "gofmt -l:"; echo "$$unformatted"; exit 1; fi
 	@set -e; for m in $(MODULES); do \
 		echo "lint: $$m"; \
 		(cd $$m && staticcheck ./... && $(GO) mod tidy -diff); \
