@@ -214,18 +214,10 @@ func (b *bench) matrixPull(ctx context.Context, p pathSpec, seed uint64, proxied
 		defer px.stop()
 		target, hosts = px.Addr, mirrorHosts
 	}
-	f, err := b.pull(ctx, target, hosts)
+	s, err := b.pullAcross(ctx, relay, target, hosts, "pull")
 	if err != nil {
 		return sample{}, err
 	}
-	if f.failure != "" {
-		return sample{}, fmt.Errorf("pull failed after %.2fs: %s", f.took.Seconds(), f.failure)
-	}
-	relay.Close() // its counts final: bytes still in flight are counted
-	st := relay.Stats()
-	head, tail := f.around(st)
-	s := sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesEgress, b.bytes), peakConns: float64(st.PeakOpen),
-		sessions: float64(st.Sessions), cut: float64(st.Cut), head: head, tail: tail, unused: st.Unused.Seconds()}
 	if px != nil {
 		const discarded, abandoned, overtaken = `pullproxy_upstream_wasted_bytes_total{kind="discarded"}`,
 			`pullproxy_upstream_wasted_bytes_total{kind="abandoned"}`, `pullproxy_upstream_chunks_total{result="overtaken"}`

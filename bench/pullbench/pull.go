@@ -127,18 +127,26 @@ func (b *bench) direct(ctx context.Context, prob float64, rtt time.Duration) (sa
 		return sample{}, err
 	}
 	defer path.Close()
-	f, err := b.pull(ctx, path.Addr(), b.directHosts)
+	return b.pullAcross(ctx, path, path.Addr(), b.directHosts, "direct pull")
+}
+
+// pullAcross is a pull of the whole image from target with hosts, whose
+// bytes cross path, as a sample: the pull's time and the path's counts,
+// read once it is closed (bytes still in flight count). A failed pull is
+// an error that says what failed (what).
+func (b *bench) pullAcross(ctx context.Context, path *carrier.Relay, target string, hosts hostsFunc, what string) (sample, error) {
+	f, err := b.pull(ctx, target, hosts)
 	if err != nil {
 		return sample{}, err
 	}
 	if f.failure != "" {
-		return sample{}, fmt.Errorf("direct pull failed after %.2fs: %s", f.took.Seconds(), f.failure)
+		return sample{}, fmt.Errorf("%s failed after %.2fs: %s", what, f.took.Seconds(), f.failure)
 	}
-	path.Close() // its counts final: bytes still in flight are counted
+	path.Close()
 	st := path.Stats()
 	head, tail := f.around(st)
 	return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesEgress, b.bytes), peakConns: float64(st.PeakOpen),
-		head: head, tail: tail, unused: st.Unused.Seconds()}, nil
+		sessions: float64(st.Sessions), cut: float64(st.Cut), head: head, tail: tail, unused: st.Unused.Seconds()}, nil
 }
 
 // attempt is one direct pull across the carrier with resets.
@@ -216,19 +224,17 @@ func (b *bench) viaProxy(ctx context.Context, mode carrier.Mode, prob float64, r
 	}
 	defer path.Close()
 	defer p.stop()
+	if !warm {
+		s, err := b.pullAcross(ctx, path, p.Addr, mirrorHosts, "cold pull through pullproxy")
+		s.rssMiB = p.PeakRSSMiB()
+		return s, err
+	}
 	f, err := b.pull(ctx, p.Addr, mirrorHosts)
 	if err != nil {
 		return sample{}, err
 	}
 	if f.failure != "" {
 		return sample{}, fmt.Errorf("cold pull through pullproxy failed after %.2fs: %s", f.took.Seconds(), f.failure)
-	}
-	if !warm {
-		path.Close() // its counts final: bytes still in flight are counted
-		st := path.Stats()
-		head, tail := f.around(st)
-		return sample{seconds: f.took.Seconds(), upstream: ratio(st.BytesEgress, b.bytes),
-			rssMiB: p.PeakRSSMiB(), peakConns: float64(st.PeakOpen), head: head, tail: tail, unused: st.Unused.Seconds()}, nil
 	}
 	before := path.Stats().BytesEgress
 	if f, err = b.pull(ctx, p.Addr, mirrorHosts); err != nil {
