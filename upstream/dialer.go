@@ -220,12 +220,13 @@ func (d *chunkDialer) roundTrip(key dialKey) time.Duration {
 	return d.firstByte.least(key)
 }
 
-// shortestSetup returns the least time opening a connection to key took
-// lately (see setupTimes), or 0 when none was opened yet.
-func (d *chunkDialer) shortestSetup(key dialKey) time.Duration {
+// newConnFirstByte returns how long a request on a new connection to key
+// takes to its answer's first byte at least, lately: the least set-up and
+// the least round trip; 0 when neither is known.
+func (d *chunkDialer) newConnFirstByte(key dialKey) time.Duration {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.recent.least(key)
+	return d.recent.least(key) + d.firstByte.least(key)
 }
 
 // setupTime returns how long opening a connection to key took lately, or 0

@@ -139,7 +139,10 @@ func TestMetadataRequestsTellThePath(t *testing.T) {
 			if got := ep.pipe.pathRoundTrip(); got < answerAfter {
 				t.Errorf("round trip after a manifest answered in %v: got %v, want at least that", answerAfter, got)
 			}
-			if got := r.dialer.shortestSetup(ep.key); got <= 0 {
+			r.dialer.mu.Lock()
+			setup := r.dialer.recent.least(ep.key)
+			r.dialer.mu.Unlock()
+			if got := setup; got <= 0 {
 				t.Errorf("set-up after a manifest: got %v, want it known", got)
 			}
 		})

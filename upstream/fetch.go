@@ -113,6 +113,8 @@ func (s *fetchStats) chunk(result, cutKind string) {
 		s.overtaken++
 	case "abandoned":
 		s.abandoned++
+	case "hedged":
+		s.hedges++
 	}
 }
 
@@ -125,15 +127,6 @@ func (s *fetchStats) wasted(w waste) {
 	defer s.mu.Unlock()
 	s.waste.discarded += w.discarded
 	s.waste.abandoned += w.abandoned
-}
-
-func (s *fetchStats) hedged() {
-	if s == nil {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.hedges++
 }
 
 func (s *fetchStats) report(endpoint string) FetchReport {
@@ -475,7 +468,7 @@ func (f *blobFetch) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, b
 	}
 	if c.Hedge {
 		f.hedges.Add(1)
-		f.stats.hedged()
+		f.stats.chunk("hedged", "")
 	}
 	return c, true, nil
 }
@@ -483,9 +476,9 @@ func (f *blobFetch) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, b
 // hedgeAfter is how long a chunk in flight may bring nothing before its
 // rest is asked for again (see plan.HedgeAfter).
 func (f *blobFetch) hedgeAfter() time.Duration {
-	var first time.Duration // a new connection's first byte: its set-up and a round trip
+	var first time.Duration
 	if d := f.r.dialer; d != nil {
-		first = d.shortestSetup(f.ep.key) + d.roundTrip(f.ep.key)
+		first = d.newConnFirstByte(f.ep.key)
 	}
 	return plan.HedgeAfter(first, f.r.fetch.StallTimeout)
 }

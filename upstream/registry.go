@@ -245,6 +245,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 		}
 		u.Path = strings.TrimSuffix(u.Path, "/")
 		labels := prometheus.Labels{"upstream": name, "endpoint": u.Host}
+		wasted := o.metrics.wasted.MustCurryWith(labels)
 		region := o.regions[strings.TrimSuffix(e, "/")]
 		if region == "" {
 			region = ECRRegion(u.Host)
@@ -258,8 +259,8 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			pipe: newPipe(fetch.MaxConnections, r.newLane, o.log.With("upstream", name, "endpoint", u.Host),
 				o.metrics.connLimit.With(labels), o.metrics.connsInFlight.With(labels)),
 			chunks:    o.metrics.chunks.MustCurryWith(labels),
-			discarded: o.metrics.wasted.MustCurryWith(labels).WithLabelValues("discarded"),
-			abandoned: o.metrics.wasted.MustCurryWith(labels).WithLabelValues("abandoned"),
+			discarded: wasted.WithLabelValues("discarded"),
+			abandoned: wasted.WithLabelValues("abandoned"),
 			up:        o.metrics.endpointUp.With(labels),
 		})
 		ep := r.endpoints[len(r.endpoints)-1]
