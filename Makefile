@@ -84,7 +84,7 @@ CONFORMANCE := github.com/opencontainers/distribution-spec/conformance@v0.0.0-20
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 deps-tools:
 	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo podman docker-registry
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends containerd skopeo podman docker-registry iptables
 	@# The tests start their own docker-registry; the package's service is not wanted.
 	-systemctl disable --now docker-registry >/dev/null 2>&1
 	GOBIN=$(TOOLBIN) $(GO) install github.com/google/go-containerregistry/cmd/crane@v0.22.1

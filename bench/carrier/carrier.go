@@ -121,7 +121,16 @@ type Config struct {
 	// SetupRTTs is how many round trips a new session waits before any of
 	// its bytes move, for the handshakes the relay does not see: 1 for TCP's
 	// (a TLS handshake spoken through the relay pays its own). Needs RTT.
+	// The client's connect returns at once: the carrier answers it, and the
+	// delay comes after, as equipment that terminates TCP does.
 	SetupRTTs int
+	// HandshakeThrough makes the TCP handshake itself cross the path: each
+	// SYN to the relay is held for RTT before the relay's kernel sees it, so
+	// a client's connect takes a round trip, as when nothing on the path
+	// terminates TCP (SetupRTTs is then usually 0). Linux only; needs root
+	// and iptables (a NFQUEUE rule on the relay's port, removed by Close).
+	// Jitter does not apply to the SYN's hold.
+	HandshakeThrough bool
 	// SlowStart limits each session's unacknowledged target→client bytes to
 	// a congestion window that starts at InitialWindow (default 10 segments
 	// of 1448 bytes, as Linux) and doubles each round trip up to MaxWindow
@@ -219,6 +228,7 @@ const (
 type Relay struct {
 	ln     net.Listener
 	target string          // cfg.Target, which never changes
+	syns   *synDelay       // with cfg.HandshakeThrough
 	ctx    context.Context // canceled by Close
 	cancel context.CancelFunc
 	lim    limiter
@@ -262,6 +272,14 @@ func Start(cfg Config) (*Relay, error) {
 	}
 	r.lim.init(cfg.Bandwidth)
 	r.pool.New = func() any { b := make([]byte, bufSize); return &b }
+	if cfg.HandshakeThrough {
+		r.syns, err = startSynDelay(ln.Addr().(*net.TCPAddr).Port, func() time.Duration { return r.Config().RTT })
+		if err != nil {
+			ln.Close()
+			cancel()
+			return nil, err
+		}
+	}
 	r.wg.Add(1)
 	go r.acceptLoop()
 	return r, nil
@@ -284,15 +302,16 @@ func (r *Relay) Config() Config {
 // cfg := r.Config(); cfg.CutProb = 0; r.SetConfig(cfg) to make the path
 // clean. CutProb, CutMin, CutMax and Mode apply to sessions accepted
 // afterwards (sessions already accepted keep their fate); Bandwidth applies
-// at once to all sessions. Target and Seed cannot change.
+// at once to all sessions, RTT to SYNs held afterwards. Target, Seed and
+// HandshakeThrough cannot change.
 func (r *Relay) SetConfig(cfg Config) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if cfg.Target != r.target || cfg.Seed != r.cfg.Seed {
-		return errors.New("carrier: SetConfig cannot change Target or Seed")
+	if cfg.Target != r.target || cfg.Seed != r.cfg.Seed || cfg.HandshakeThrough != r.cfg.HandshakeThrough {
+		return errors.New("carrier: SetConfig cannot change Target, Seed or HandshakeThrough")
 	}
 	r.cfg = cfg
 	r.lim.setRate(cfg.Bandwidth)
@@ -339,6 +358,9 @@ func (r *Relay) Close() error {
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
+	if r.syns != nil {
+		err = errors.Join(err, r.syns.close())
+	}
 	return err
 }
 

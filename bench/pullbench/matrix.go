@@ -29,14 +29,16 @@ type pathSpec struct {
 	// HTTP otherwise: the carrier answers the TCP connect itself, at once
 	// (as carrier equipment that counts bytes per session often does), and
 	// the path's delay comes after it, so a connection's set-up says
-	// nothing about how long the path is.
-	TLS      bool    `json:"tls"`
-	RTTms    int64   `json:"rtt_ms"`
-	JitterMs int64   `json:"jitter_ms,omitempty"` // each session's RTT is drawn from RTT ± this
-	Mode     string  `json:"mode"`                // how cut sessions die: reset, close (a FIN) or stall
-	CutProb  float64 `json:"cut_probability"`
-	CutMin   int64   `json:"cut_min_bytes"`
-	CutMax   int64   `json:"cut_max_bytes"`
+	// nothing about how long the path is; unless HandshakeThrough, where
+	// the TCP handshake crosses the path (carrier.Config.HandshakeThrough).
+	TLS              bool    `json:"tls"`
+	HandshakeThrough bool    `json:"handshake_through,omitempty"`
+	RTTms            int64   `json:"rtt_ms"`
+	JitterMs         int64   `json:"jitter_ms,omitempty"` // each session's RTT is drawn from RTT ± this
+	Mode             string  `json:"mode"`                // how cut sessions die: reset, close (a FIN) or stall
+	CutProb          float64 `json:"cut_probability"`
+	CutMin           int64   `json:"cut_min_bytes"`
+	CutMax           int64   `json:"cut_max_bytes"`
 	// BadFrom and BadFor, when BadFor is not 0, make the path cut sessions
 	// only from BadFrom after its first session, for BadFor: a path that
 	// turns bad mid-pull and recovers.
@@ -58,6 +60,7 @@ func matrixPaths() []pathSpec {
 		incident(pathSpec{Name: "TLS, 100 ms, incident's resets", TLS: true, RTTms: 100}),
 		incident(pathSpec{Name: "plain HTTP, connect answered locally, 40 ms, incident's resets", RTTms: 40}),
 		incident(pathSpec{Name: "plain HTTP, connect answered locally, 100 ms, incident's resets", RTTms: 100}),
+		incident(pathSpec{Name: "plain HTTP, handshake through the path, 100 ms, incident's resets", RTTms: 100, HandshakeThrough: true}),
 		{Name: "TLS, 0 ms, harsher: 80% reset at 0.3–0.9 MB", TLS: true, Mode: "reset", CutProb: 0.8, CutMin: 300_000, CutMax: 900_000},
 		{Name: "TLS, 40 ms, milder: 40% reset at 5–12 MB", TLS: true, RTTms: 40, Mode: "reset", CutProb: 0.4, CutMin: 5_000_000, CutMax: 12_000_000},
 		incident(pathSpec{Name: "TLS, 40 ms, clean closes (FIN) instead of resets", TLS: true, RTTms: 40, Mode: "close"}),
@@ -70,7 +73,7 @@ func matrixPaths() []pathSpec {
 // cleanKey names the clean path a path is compared with: the same path
 // without cuts.
 func (p pathSpec) cleanKey() string {
-	return fmt.Sprintf("tls=%v rtt=%d jitter=%d", p.TLS, p.RTTms, p.JitterMs)
+	return fmt.Sprintf("tls=%v rtt=%d jitter=%d handshake=%v", p.TLS, p.RTTms, p.JitterMs, p.HandshakeThrough)
 }
 
 // matrixRow is one path's row.
@@ -242,7 +245,7 @@ func (b *bench) pathCarrier(ctx context.Context, p pathSpec, seed uint64, cuts b
 	}
 	clean := carrier.Config{Target: target, Bandwidth: b.cfg.Bandwidth, Seed: seed,
 		RTT: time.Duration(p.RTTms) * time.Millisecond, Jitter: time.Duration(p.JitterMs) * time.Millisecond,
-		SlowStart: true}
+		SlowStart: true, HandshakeThrough: p.HandshakeThrough}
 	if p.TLS {
 		// TCP's handshake; plain HTTP's is answered by the carrier (see
 		// pathSpec.TLS), its round trip paid by the first request.
