@@ -205,11 +205,12 @@ func (t *downloads) run(rt route, dl *download) {
 	}
 	if errors.Is(err, storage.ErrDigestMismatch) && !errors.Is(err, storage.ErrChangedOnDisk) && served != "" {
 		// The upstream remembers, and asks that endpoint no more for d.
-		rt.up.ReportCorrupt(d, served, err)
+		rt.up.ReportCorrupt(d, report.SourceEndpoints(), err)
 		if len(rt.up.Endpoints()) > 1 {
 			// Another endpoint may hold it intact. Clients of this attempt
 			// got a short read; when they ask again they join the new download.
-			log.Warn("blob failed verification: fetching it again from another endpoint", "err", err, "corrupt_at", served)
+			log.Warn("blob failed verification: fetching it again, from another endpoint or one at a time", "err", err,
+				"corrupt_at", report.SourceEndpoints())
 			t.restart(rt, d)
 			return
 		}
@@ -225,7 +226,7 @@ func (t *downloads) run(rt route, dl *download) {
 	}
 	if served != "" {
 		// The endpoint serves d intact (again): it is asked for d freely.
-		rt.up.ReportVerified(d, served)
+		rt.up.ReportVerified(d, report.SourceEndpoints())
 	}
 	t.srv.addMember(ctx, rt, d)
 	t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "committed").Inc()
@@ -256,9 +257,20 @@ func fetchAttrs(r upstream.FetchReport) []any {
 		}
 		cuts = b.String()
 	}
-	return []any{"chunks", r.Chunks, "retries", retries, "chunks_refused", r.Failed, "cuts", cuts, "endpoints_tried", r.Endpoints,
-		"hedges", r.Hedges, "overtaken", r.Overtaken, "abandoned", r.Abandoned,
+	attrs := []any{"chunks", r.Chunks, "retries", retries, "chunks_refused", r.Failed, "cuts", cuts, "endpoints_tried", r.Endpoints,
+		"hedges", r.Hedges, "splits", r.Splits, "overtaken", r.Overtaken, "abandoned", r.Abandoned,
 		"discarded_bytes", r.DiscardedBytes, "abandoned_bytes", r.AbandonedBytes}
+	if len(r.Sources) > 1 {
+		var b strings.Builder
+		for _, s := range r.Sources {
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%s=%d", s.Endpoint, s.Bytes)
+		}
+		attrs = append(attrs, "source_bytes", b.String())
+	}
+	return attrs
 }
 
 // restart starts a new download of d unless one is already running.

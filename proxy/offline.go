@@ -61,6 +61,6 @@ func (o offlineUpstream) FetchBlob(ctx context.Context, repo string, d digest.Di
 	return upstream.FetchReport{}, o.miss(repo, "blob "+d.String())
 }
 
-func (o offlineUpstream) ReportCorrupt(d digest.Digest, endpoint string, cause error) {}
+func (o offlineUpstream) ReportCorrupt(d digest.Digest, endpoints []string, cause error) {}
 
-func (o offlineUpstream) ReportVerified(d digest.Digest, endpoint string) {}
+func (o offlineUpstream) ReportVerified(d digest.Digest, endpoints []string) {}

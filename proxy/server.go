@@ -46,11 +46,12 @@ type Upstream interface {
 	// FetchBlob writes a blob into w and reports how: the endpoint that
 	// served it, chunks, cuts.
 	FetchBlob(ctx context.Context, repo string, d digest.Digest, w content.Writer) (upstream.FetchReport, error)
-	// ReportCorrupt says that the blob an endpoint served failed verification.
-	ReportCorrupt(d digest.Digest, endpoint string, cause error)
-	// ReportVerified says that the blob an endpoint served verified:
-	// whatever it served corrupt before is forgotten.
-	ReportVerified(d digest.Digest, endpoint string)
+	// ReportCorrupt says that the blob endpoints served (its fetch
+	// report's sources) failed verification.
+	ReportCorrupt(d digest.Digest, endpoints []string, cause error)
+	// ReportVerified says that the blob endpoints served verified:
+	// whatever they served corrupt before is forgotten.
+	ReportVerified(d digest.Digest, endpoints []string)
 	// Endpoints lists the URLs serving the upstream, in the order they are tried.
 	Endpoints() []string
 }

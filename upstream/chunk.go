@@ -36,11 +36,11 @@ const (
 // bytes it wrote. What happens to the connection is evidence about the path:
 // a cut is recorded at the bytes the session carried in all, and a
 // connection that used up its budget is retired.
-func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how chunkPlan) (int64, error) {
+func (s *source) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how chunkPlan) (int64, error) {
 	// Timed against the endpoint, whichever host answers: the path to it,
 	// or to where it redirects, is what the pipe fills.
-	on := chunkTrace{got: func(conn *chunkConn) { f.attach(c, conn) }}
-	on.firstByte.paths, on.firstByte.key = f.r.dialer, f.ep.key
+	on := chunkTrace{got: func(conn *chunkConn) { s.attach(c, conn) }}
+	on.firstByte.paths, on.firstByte.key = s.r.dialer, s.ep.key
 	defer on.done()
 	ctx = httptrace.WithClientTrace(ctx, on.trace())
 	if how.probe != nil {
@@ -53,19 +53,19 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 			}
 		}()
 	}
-	chunks := f.ep.chunks
-	resp, op, err := f.open(ctx, l, c)
+	chunks := s.ep.chunks
+	resp, op, err := s.open(ctx, l, c)
 	if err != nil {
 		chunks.WithLabelValues("failed").Inc()
-		f.stats.chunk("failed", "")
+		s.stats.chunk("failed", "")
 		if ctx.Err() != nil && on.conn != nil && !c.Open && c.End >= 0 {
 			// Sent, and no longer wanted before its answer came: the
 			// upstream may send all of it.
-			f.wasted(waste{abandoned: c.End - c.Start})
+			s.wasted(waste{abandoned: c.End - c.Start})
 		}
 		if e := (*Error)(nil); errors.As(err, &e) &&
 			(e.Status == http.StatusTooManyRequests || e.Status == http.StatusServiceUnavailable) {
-			f.ep.pipe.failed(pipeBusy)
+			s.ep.pipe.failed(pipeBusy)
 		}
 		return 0, err
 	}
@@ -74,7 +74,7 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 	defer resp.Body.Close()
 	host := responseHost(resp)
 	fail := func(kind, cause error, format string, a ...any) *Error {
-		return &Error{Upstream: f.r.name, Endpoint: host, Op: op, Status: resp.StatusCode,
+		return &Error{Upstream: s.r.name, Endpoint: host, Op: op, Status: resp.StatusCode,
 			Kind: kind, Err: cause, Message: fmt.Sprintf(format, a...)}
 	}
 
@@ -86,42 +86,42 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 			return 0, fail(ErrInvalid, nil, "asked for bytes %d-, got Content-Range %q", start, resp.Header.Get("Content-Range"))
 		}
 		if total >= 0 {
-			if err := f.checkSize(total, host); err != nil {
+			if err := s.checkSize(total, host); err != nil {
 				return 0, err
 			}
 		}
-		if f.w.Size() < 0 {
-			return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", f.digest)
+		if s.w.Size() < 0 {
+			return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", s.digest)
 		}
-		end = min(last+1, f.w.Size())
+		end = min(last+1, s.w.Size())
 		if !c.Open && c.End >= 0 {
 			end = min(end, c.End) // a longer answer than asked for would overrun the budget
 		}
 	case http.StatusOK:
 		// The upstream ignores Range: from now on one stream, from the start.
-		f.mu.Lock()
-		f.planner.Stream(c.Start)
-		f.mu.Unlock()
+		s.mu.Lock()
+		s.planner.Stream(c.Start)
+		s.mu.Unlock()
 		if resp.ContentLength >= 0 {
-			if err := f.checkSize(resp.ContentLength, host); err != nil {
+			if err := s.checkSize(resp.ContentLength, host); err != nil {
 				return 0, err
 			}
 		}
-		start, end = 0, f.w.Size()
+		start, end = 0, s.w.Size()
 	}
 	if end < 0 {
-		return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", f.digest)
+		return 0, fail(ErrInvalid, nil, "the upstream does not say how large %s is", s.digest)
 	}
 
 	var ahead *warmup
 	if how.last {
-		ahead = f.warmupFor(resp.Request)
+		ahead = s.warmupFor(resp.Request)
 	}
 	if conn != nil {
 		conn.expect(end - start)
 		defer conn.expect(0)
 	}
-	n, dropped, err := f.copyBody(ctx, resp.Body, start, end, resp.StatusCode == http.StatusPartialContent, ahead)
+	n, dropped, err := s.copyBody(ctx, resp.Body, start, end, resp.StatusCode == http.StatusPartialContent, ahead)
 	// A stream restarted from byte 0 re-sends bytes already held: only those
 	// past the chunk's start are progress.
 	fresh := max(0, start+n-c.Start)
@@ -136,12 +136,12 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 		w.discarded += unread
 		w.abandoned = max(0, end-start-n-dropped-unread)
 	}
-	f.wasted(w)
+	s.wasted(w)
 	if errors.Is(err, errOvertaken) {
 		// Its connection closes with the unread answer: no evidence about
 		// the path, and no cut.
 		chunks.WithLabelValues("overtaken").Inc()
-		f.stats.chunk("overtaken", "")
+		s.stats.chunk("overtaken", "")
 		if conn != nil {
 			conn.retired.Store(true)
 		}
@@ -149,16 +149,16 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 	}
 	if err != nil {
 		if errors.Is(err, errStore) {
-			return fresh, fail(ErrInvalid, err, "storing %s at %d: %v", f.digest, start+n, err)
+			return fresh, fail(ErrInvalid, err, "storing %s at %d: %v", s.digest, start+n, err)
 		}
 		if ctx.Err() != nil {
-			f.stats.chunk("abandoned", "")
+			s.stats.chunk("abandoned", "")
 			return fresh, ctx.Err() // we hung up: not the path's doing
 		}
 		kind := cutKind(err)
 		chunks.WithLabelValues("cut").Inc()
-		f.stats.chunk("cut", kind)
-		f.ep.health.chunk(time.Now(), true)
+		s.stats.chunk("cut", kind)
+		s.ep.health.chunk(time.Now(), true)
 		// Where the session died: the bytes it carried in all, chunks
 		// before this one, handshake and headers included, as the carrier
 		// counts them. A chunk that died before its first byte is no
@@ -177,38 +177,38 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 		}
 		switch stalled := kind == "stall" || kind == "slow"; {
 		case probe != nil && stalled:
-			f.ep.pipe.failed(pipeProbeStall)
+			s.ep.pipe.failed(pipeProbeStall)
 		case probe != nil: // finding where the path cuts is what a probe is for
 		case stalled:
-			f.ep.pipe.failed(pipeStall)
+			s.ep.pipe.failed(pipeStall)
 		default:
-			f.ep.pipe.failed(pipeCut)
+			s.ep.pipe.failed(pipeCut)
 		}
 		var next int64
 		if probe != nil {
 			next = probe.cut(cutAt, kind)
 		} else {
-			next = f.ep.budget.cut(cutAt, false, kind, time.Now())
+			next = s.ep.budget.cut(cutAt, false, kind, time.Now())
 		}
 		if next > 0 {
-			f.r.log.Info("connection budget lowered after a cut", "endpoint", f.ep.host,
+			s.r.log.Info("connection budget lowered after a cut", "endpoint", s.ep.host,
 				"cut_at", carried, "kind", kind, "budget", next)
 		}
 		return fresh, fail(ErrUnavailable, err, "%s: connection %s after %d of %d bytes (%d on the connection): %v",
-			chunkName(f.digest, start, end), cutVerb(kind), n, end-start, carried, err)
+			chunkName(s.digest, start, end), cutVerb(kind), n, end-start, carried, err)
 	}
 	chunks.WithLabelValues("complete").Inc()
-	f.stats.chunk("complete", "")
-	f.ep.health.chunk(time.Now(), false)
+	s.stats.chunk("complete", "")
+	s.ep.health.chunk(time.Now(), false)
 	switch {
 	case conn == nil:
 	case c.Open || resp.StatusCode != http.StatusPartialContent:
 		// Carried a whole stream: a probe on it won.
 		resp.Body.Close()
 		l.retire(conn)
-	case conn.allowance(f.ep)-conn.read.Load() < minChunk:
+	case conn.allowance(s.ep)-conn.read.Load() < minChunk:
 		resp.Body.Close()
-		l.spent(conn, f.ep) // used up: renewed on a clean path, else retired
+		l.spent(conn, s.ep) // used up: renewed on a clean path, else retired
 	}
 	return fresh, nil
 }
@@ -216,16 +216,13 @@ func (f *blobFetch) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how c
 // open sends the chunk's request: to the URL the registry redirected to
 // before, while it is accepted, else to the registry (which may redirect
 // again). Authorization goes only to the registry.
-func (f *blobFetch) open(ctx context.Context, l *lane, c plan.Chunk) (*http.Response, string, error) {
+func (s *source) open(ctx context.Context, l *lane, c plan.Chunk) (*http.Response, string, error) {
 	rng := fmt.Sprintf("bytes=%d-", c.Start)
 	if !c.Open && c.End >= 0 {
 		rng += strconv.FormatInt(c.End-1, 10)
 	}
-	f.mu.Lock()
-	loc := f.location
-	f.mu.Unlock()
-	if loc != nil {
-		resp, err := f.getLocation(ctx, l, loc, rng)
+	if loc := s.location.Load(); loc != nil {
+		resp, err := s.getLocation(ctx, l, loc, rng)
 		if err != nil {
 			return nil, "GET " + redacted(loc), err
 		}
@@ -235,14 +232,12 @@ func (f *blobFetch) open(ctx context.Context, l *lane, c plan.Chunk) (*http.Resp
 		}
 		// Expired or refused: resolve it again through the registry.
 		resp.Body.Close()
-		f.mu.Lock()
-		f.location = nil
-		f.mu.Unlock()
+		s.location.CompareAndSwap(loc, nil)
 	}
 
-	q := request{method: http.MethodGet, repo: f.repo, path: "blobs/" + f.digest.String(),
+	q := request{method: http.MethodGet, repo: s.repo, path: "blobs/" + s.digest.String(),
 		header: http.Header{"Range": {rng}}, client: l.client}
-	resp, err := f.r.send(ctx, f.ep, q)
+	resp, err := s.r.send(ctx, s.ep, q)
 	if err != nil {
 		return nil, q.op(), err
 	}
@@ -254,42 +249,40 @@ func (f *blobFetch) open(ctx context.Context, l *lane, c plan.Chunk) (*http.Resp
 		loc, err := resp.Request.URL.Parse(resp.Header.Get("Location"))
 		resp.Body.Close()
 		if err != nil || loc.Host == "" {
-			return nil, q.op(), &Error{Upstream: f.r.name, Endpoint: f.ep.host, Op: q.op(), Status: resp.StatusCode,
+			return nil, q.op(), &Error{Upstream: s.r.name, Endpoint: s.ep.host, Op: q.op(), Status: resp.StatusCode,
 				Kind: ErrInvalid, Message: "redirect without a usable Location"}
 		}
-		if err := f.r.targets.checkRedirect(resp.Request.URL, loc); err != nil {
-			return nil, q.op(), &Error{Upstream: f.r.name, Endpoint: f.ep.host, Op: q.op(), Status: resp.StatusCode,
+		if err := s.r.targets.checkRedirect(resp.Request.URL, loc); err != nil {
+			return nil, q.op(), &Error{Upstream: s.r.name, Endpoint: s.ep.host, Op: q.op(), Status: resp.StatusCode,
 				Kind: ErrInvalid, Err: err}
 		}
-		f.mu.Lock()
-		f.location = loc
-		f.mu.Unlock()
+		s.location.Store(loc)
 		op := "GET " + redacted(loc)
-		resp, err := f.getLocation(ctx, l, loc, rng)
+		resp, err := s.getLocation(ctx, l, loc, rng)
 		if err != nil {
 			return nil, op, err
 		}
 		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusPartialContent {
 			defer resp.Body.Close()
-			if err := f.rangeRefused(resp, loc.Host); err != nil {
+			if err := s.rangeRefused(resp, loc.Host); err != nil {
 				return nil, op, err
 			}
-			return nil, op, f.r.statusError(loc.Host, op, resp)
+			return nil, op, s.r.statusError(loc.Host, op, resp)
 		}
 		return resp, op, nil
 	}
 	defer resp.Body.Close()
-	if err := f.rangeRefused(resp, f.ep.host); err != nil {
+	if err := s.rangeRefused(resp, s.ep.host); err != nil {
 		return nil, q.op(), err
 	}
-	return nil, q.op(), f.r.statusError(f.ep.host, q.op(), resp)
+	return nil, q.op(), s.r.statusError(s.ep.host, q.op(), resp)
 }
 
 // rangeRefused checks the size a 416 gives ("Content-Range: bytes */N")
 // against the one declared: a range refused because the upstream holds
 // fewer bytes than the manifest declares says so, rather than only that a
 // range was refused. Nil for any other answer.
-func (f *blobFetch) rangeRefused(resp *http.Response, host string) error {
+func (s *source) rangeRefused(resp *http.Response, host string) error {
 	if resp.StatusCode != http.StatusRequestedRangeNotSatisfiable {
 		return nil
 	}
@@ -298,14 +291,14 @@ func (f *blobFetch) rangeRefused(resp *http.Response, host string) error {
 		return nil
 	}
 	if total, err := strconv.ParseInt(tot, 10, 64); err == nil && total >= 0 {
-		return f.checkSize(total, host)
+		return s.checkSize(total, host)
 	}
 	return nil
 }
 
 // getLocation fetches a range from a redirect target, without credentials:
 // a presigned URL carries its own, and object stores refuse a second kind.
-func (f *blobFetch) getLocation(ctx context.Context, l *lane, loc *url.URL, rng string) (*http.Response, error) {
+func (s *source) getLocation(ctx context.Context, l *lane, loc *url.URL, rng string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, loc.String(), nil)
 	if err != nil {
 		return nil, err
@@ -313,10 +306,10 @@ func (f *blobFetch) getLocation(ctx context.Context, l *lane, loc *url.URL, rng 
 	req.Header.Set("Range", rng)
 	resp, err := l.client.Do(req)
 	if err != nil {
-		f.r.metrics.request(f.r.name, http.MethodGet, 0)
-		return nil, f.r.transportError(loc.Host, "GET "+redacted(loc), err)
+		s.r.metrics.request(s.r.name, http.MethodGet, 0)
+		return nil, s.r.transportError(loc.Host, "GET "+redacted(loc), err)
 	}
-	f.r.metrics.request(f.r.name, http.MethodGet, resp.StatusCode)
+	s.r.metrics.request(s.r.name, http.MethodGet, resp.StatusCode)
 	return resp, nil
 }
 
@@ -324,7 +317,7 @@ func (f *blobFetch) getLocation(ctx context.Context, l *lane, loc *url.URL, rng 
 // arrive: once what is left would take about as long as opening a
 // connection to the same address lately took.
 type warmup struct {
-	f    *blobFetch
+	s    *source
 	key  dialKey
 	lead time.Duration
 	done bool
@@ -333,8 +326,8 @@ type warmup struct {
 // warmupFor returns the warm-up for a chunk requested with req, or nil when
 // there is nothing to warm: a caller's own transport, a proxied request, or
 // no connection measured yet.
-func (f *blobFetch) warmupFor(req *http.Request) *warmup {
-	d := f.r.dialer
+func (s *source) warmupFor(req *http.Request) *warmup {
+	d := s.r.dialer
 	if d == nil || req == nil || d.proxied(req) {
 		return nil
 	}
@@ -343,7 +336,7 @@ func (f *blobFetch) warmupFor(req *http.Request) *warmup {
 	if setup <= 0 {
 		return nil
 	}
-	return &warmup{f: f, key: key, lead: setup*3/2 + 10*time.Millisecond}
+	return &warmup{s: s, key: key, lead: setup*3/2 + 10*time.Millisecond}
 }
 
 // check starts the warm-up, within ctx, when the chunk's rest, at its pace
@@ -356,8 +349,8 @@ func (w *warmup) check(ctx context.Context, received, rest int64, elapsed time.D
 		return
 	}
 	w.done = true
-	if w.f.unclaimed() {
-		w.f.r.dialer.prewarm(ctx, w.key, w.f.r.fetch.FirstByteTimeout)
+	if w.s.unclaimed() {
+		w.s.r.dialer.prewarm(ctx, w.key, w.s.r.fetch.FirstByteTimeout)
 	}
 }
 
@@ -381,14 +374,14 @@ var errTooSlow = errors.New("slower than min_goodput")
 type waste struct{ discarded, abandoned int64 }
 
 // wasted counts w in the endpoint's metrics and the blob's report.
-func (f *blobFetch) wasted(w waste) {
+func (s *source) wasted(w waste) {
 	if w.discarded > 0 {
-		f.ep.discarded.Add(float64(w.discarded))
+		s.ep.discarded.Add(float64(w.discarded))
 	}
 	if w.abandoned > 0 {
-		f.ep.abandoned.Add(float64(w.abandoned))
+		s.ep.abandoned.Add(float64(w.abandoned))
 	}
-	f.stats.wasted(w)
+	s.stats.wasted(w)
 }
 
 // copyBody writes body to [start, end) of the blob, returning the bytes
@@ -399,33 +392,35 @@ func (f *blobFetch) wasted(w waste) {
 // already, once the blob has a hedged chunk (errOvertaken): racing requests
 // would otherwise both bring the rest. A stream from byte 0 re-sends bytes
 // held before on purpose, and reads on.
-func (f *blobFetch) copyBody(ctx context.Context, body io.Reader, start, end int64, ranged bool, ahead *warmup) (written, dropped int64, err error) {
-	bufp := f.r.buffers.Get().(*[]byte)
-	defer f.r.buffers.Put(bufp)
+func (s *source) copyBody(ctx context.Context, body io.Reader, start, end int64, ranged bool, ahead *warmup) (written, dropped int64, err error) {
+	bufp := s.r.buffers.Get().(*[]byte)
+	defer s.r.buffers.Put(bufp)
 	buf := *bufp
-	received, pipe := f.r.received, f.ep.pipe
+	received, epBytes, pipe := s.r.received, s.ep.bytes, s.ep.pipe
 	began := time.Now()
-	minRate, slowCheck := float64(f.r.fetch.MinGoodput), began.Add(slowAfter*f.r.fetch.StallTimeout)
+	minRate, slowCheck := float64(s.r.fetch.MinGoodput), began.Add(slowAfter*s.r.fetch.StallTimeout)
 	off := start
-	tail := f.w.Size() - tailSpan // past it, writes are smaller (see tailGather)
+	tail := s.w.Size() - tailSpan // past it, writes are smaller (see tailGather)
 	for off < end {
 		want := min(int64(len(buf)), end-off)
 		if off >= tail {
 			want = min(want, tailGather)
 		}
 		n, err := gather(body, buf[:want])
-		if n > 0 && ranged && f.hedges.Load() > 0 && plan.Overtaken(f.w, off) {
+		if n > 0 && ranged && s.hedges.Load() > 0 && plan.Overtaken(s.w, off) {
 			// Racing another request for these bytes: the one that finds
 			// its next byte written is behind, and gives way.
 			return off - start, int64(n), errOvertaken
 		}
 		if n > 0 {
-			if _, werr := f.w.WriteAt(buf[:n], off); werr != nil {
+			if _, werr := s.w.WriteAt(buf[:n], off); werr != nil {
 				return off - start, 0, fmt.Errorf("%w: %w", errStore, werr)
 			}
 			off += int64(n)
-			f.written.Add(int64(n))
+			s.written.Add(int64(n))
+			s.brought.Add(int64(n))
 			received.Add(float64(n))
+			epBytes.Add(float64(n))
 			pipe.add(n)
 			if ahead != nil {
 				ahead.check(ctx, off-start, end-off, time.Since(began))

@@ -994,10 +994,11 @@ func TestFetchBlobAvoidsCorruptEndpoints(t *testing.T) {
 			s1, s2 := httptest.NewServer(servers[0]), httptest.NewServer(servers[1])
 			t.Cleanup(s1.Close)
 			t.Cleanup(s2.Close)
-			r := newTestRegistry(t, s1.URL, s2.URL)
+			// The second for failover only: the endpoints are asked in turn.
+			r := newFetchRegistry(t, FetchConfig{}, []string{s1.URL, s2.URL}, WithFailoverOnly(s2.URL))
 			d := digest.FromBytes(blob)
 			for _, i := range tt.reported {
-				r.ReportCorrupt(d, r.Endpoints()[i], cause)
+				r.ReportCorrupt(d, []string{r.Endpoints()[i]}, cause)
 			}
 			w := newMemBlobWriter(-1)
 			report, err := r.FetchBlob(t.Context(), "org/app", d, w)

@@ -38,10 +38,38 @@ func corruptWait(failures int) time.Duration {
 	return min(w, corruptMaxWait)
 }
 
-// corruptBlobs remembers which endpoint served which blob corrupt.
+// corruptBlobs remembers which endpoint served which blob corrupt, and
+// which blobs failed verification with bytes from several endpoints in
+// them: those come from one endpoint at a time for a while, so that the
+// one serving them corrupt is found.
 type corruptBlobs struct {
-	mu sync.Mutex
-	m  map[corruptKey]corruption
+	mu    sync.Mutex
+	m     map[corruptKey]corruption
+	mixed map[digest.Digest]time.Time // until when
+}
+
+// addMixed has d come from one endpoint at a time until corruptMaxWait
+// from now.
+func (c *corruptBlobs) addMixed(d digest.Digest, now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, until := range c.mixed {
+		if !now.Before(until) {
+			delete(c.mixed, k)
+		}
+	}
+	if c.mixed == nil {
+		c.mixed = map[digest.Digest]time.Time{}
+	}
+	c.mixed[d] = now.Add(corruptMaxWait)
+}
+
+// alone reports whether d is to come from one endpoint at a time.
+func (c *corruptBlobs) alone(d digest.Digest, now time.Time) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	until, ok := c.mixed[d]
+	return ok && now.Before(until)
 }
 
 type corruptKey struct {
@@ -103,6 +131,9 @@ func (c *corruptBlobs) clear(d digest.Digest, endpoint string) []CorruptStatus {
 			delete(c.m, k)
 		}
 	}
+	if endpoint == "" {
+		delete(c.mixed, d)
+	}
 	sortCorrupt(out)
 	return out
 }
@@ -153,26 +184,38 @@ func CorruptFix(d digest.Digest) string {
 }
 
 // ReportCorrupt records that the bytes of d that FetchBlob got from
-// endpoint (as FetchBlob returned it) failed verification; cause says what
-// was found. FetchBlob then fetches d from the other endpoints only, and
-// fails at once, naming the endpoint and the cause, when no other is left,
-// until the endpoint's retry time: one minute after the first failure,
-// doubling with each failure in a row up to 30 minutes. ReportVerified or
-// Forget ends it sooner.
-func (r *Registry) ReportCorrupt(d digest.Digest, endpoint string, cause error) {
-	c := r.corrupt.add(d, endpoint, cause, r.now())
-	r.log.Warn("blob failed verification: the endpoint is not asked for it again until its retry time",
-		"digest", d, "endpoint", endpoint, "failures_in_a_row", c.failures, "retry_at", c.retryAt.UTC().Format(time.RFC3339),
-		"err", cause, "fix", CorruptFix(d))
+// endpoints (its report's Sources, as Endpoints names them) failed
+// verification; cause says what was found. From one endpoint, FetchBlob
+// then fetches d from the other endpoints only, and fails at once, naming
+// the endpoint and the cause, when no other is left, until the endpoint's
+// retry time: one minute after the first failure, doubling with each
+// failure in a row up to 30 minutes. ReportVerified or Forget ends it
+// sooner. From several, which one served bad bytes is not known: d comes
+// from one endpoint at a time, so that the next failure names it.
+func (r *Registry) ReportCorrupt(d digest.Digest, endpoints []string, cause error) {
+	if len(endpoints) > 1 {
+		r.corrupt.addMixed(d, r.now())
+		r.log.Warn("blob failed verification with bytes from several endpoints in it: fetching it from one endpoint at a time",
+			"digest", d, "endpoints", endpoints, "err", cause)
+		return
+	}
+	for _, endpoint := range endpoints {
+		c := r.corrupt.add(d, endpoint, cause, r.now())
+		r.log.Warn("blob failed verification: the endpoint is not asked for it again until its retry time",
+			"digest", d, "endpoint", endpoint, "failures_in_a_row", c.failures, "retry_at", c.retryAt.UTC().Format(time.RFC3339),
+			"err", cause, "fix", CorruptFix(d))
+	}
 }
 
 // ReportVerified records that the bytes of d that FetchBlob got from
-// endpoint (as FetchBlob returned it) verified: whatever the endpoint
-// served corrupt before is forgotten.
-func (r *Registry) ReportVerified(d digest.Digest, endpoint string) {
-	if cleared := r.corrupt.clear(d, endpoint); len(cleared) > 0 {
-		r.log.Info("blob verified from an endpoint that had served it corrupt", "digest", d, "endpoint", endpoint,
-			"failures_in_a_row", cleared[0].Failures)
+// endpoints (its report's Sources) verified: whatever they served corrupt
+// before is forgotten.
+func (r *Registry) ReportVerified(d digest.Digest, endpoints []string) {
+	for _, endpoint := range endpoints {
+		if cleared := r.corrupt.clear(d, endpoint); len(cleared) > 0 {
+			r.log.Info("blob verified from an endpoint that had served it corrupt", "digest", d, "endpoint", endpoint,
+				"failures_in_a_row", cleared[0].Failures)
+		}
 	}
 }
 

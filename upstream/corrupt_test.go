@@ -81,7 +81,7 @@ func TestCorruptBackoffSchedule(t *testing.T) {
 				if _, err := r.usableFor("org/app", d); err != nil {
 					t.Fatalf("at its retry time: got %v, want the endpoint asked", err)
 				}
-				r.ReportCorrupt(d, ep, errBadBytes)
+				r.ReportCorrupt(d, []string{ep}, errBadBytes)
 				st := r.Status().Corrupt
 				if len(st) != 1 {
 					t.Fatalf("status: got %d corrupt entries, want 1", len(st))
@@ -120,15 +120,15 @@ func TestCorruptBackoffCleared(t *testing.T) {
 	a, b := r.Endpoints()[0], r.Endpoints()[1]
 	d1, d2 := digest.FromString("one"), digest.FromString("two")
 	for range 3 { // waits of 1, 2 and 4 minutes
-		r.ReportCorrupt(d1, a, errBadBytes)
-		r.ReportCorrupt(d1, b, errBadBytes)
+		r.ReportCorrupt(d1, []string{a}, errBadBytes)
+		r.ReportCorrupt(d1, []string{b}, errBadBytes)
 	}
-	r.ReportCorrupt(d2, a, errBadBytes)
+	r.ReportCorrupt(d2, []string{a}, errBadBytes)
 	if _, err := r.usableFor("org/app", d1); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("d1 served corrupt by both: got %v, want ErrInvalid", err)
 	}
 
-	r.ReportVerified(d1, a)
+	r.ReportVerified(d1, []string{a})
 	if eps, err := r.usableFor("org/app", d1); err != nil || len(eps) != 1 || eps[0].url.Redacted() != a {
 		t.Errorf("d1 after verifying at a: got %v, %v; want a only", eps, err)
 	}
@@ -150,7 +150,7 @@ func TestCorruptBackoffCleared(t *testing.T) {
 		t.Errorf("entries after Forget(d1): got %+v, want d2's only", st)
 	}
 
-	r.ReportCorrupt(d1, b, errBadBytes)
+	r.ReportCorrupt(d1, []string{b}, errBadBytes)
 	if st := r.Status().Corrupt; len(st) != 2 || st[0].Digest != d1 && st[1].Digest != d1 {
 		t.Fatalf("entries after d1 failed again: got %+v", st)
 	}

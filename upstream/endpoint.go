@@ -17,9 +17,13 @@ type endpoint struct {
 	host   string // label for logs and metrics
 	key    dialKey
 	region string // for regional registries (ECR), else ""
-	budget *budget
-	pipe   *pipe
-	chunks *prometheus.CounterVec // chunks by result, curried with upstream and endpoint
+	// failoverOnly: asked for blobs only once the endpoints sharing the
+	// upstream's content failed (see FetchBlob).
+	failoverOnly bool
+	budget       *budget
+	pipe         *pipe
+	chunks       *prometheus.CounterVec // chunks by result, curried with upstream and endpoint
+	bytes        prometheus.Counter     // blob bytes received from it
 	// discarded and abandoned count the bytes it sent, or may have sent,
 	// that no blob kept (see waste).
 	discarded, abandoned prometheus.Counter

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,67 +19,125 @@ import (
 	"github.com/opencontainers/go-digest"
 	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream/plan"
-	"golang.org/x/sync/errgroup"
 )
 
 // FetchBlob writes blob d of repo into w as HTTP Range requests (chunks),
 // several at once, on connections that each carry at most the endpoint's
 // connection budget (see lane). A chunk cut short is re-requested from its
-// first missing byte; an endpoint that keeps failing is left for the next
-// one. It returns the endpoint (as Endpoints names it) that completed the
-// blob. The digest is not checked here: w's owner does that once every
-// byte is in, and reports a mismatch with ReportCorrupt.
+// first missing byte. Every endpoint that holds the upstream's content (all
+// but those kept for failover only, and those down) fetches chunks of the
+// blob at once, each at its own pace (see plan.Planner.Claim); one that
+// keeps failing, or lacks the blob, leaves it to the others. When all of
+// them fail, the failover-only endpoints are tried, one at a time. The
+// report names the endpoints that brought bytes. The digest is not checked
+// here: w's owner does that once every byte is in, and reports a mismatch
+// with ReportCorrupt.
 func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w content.Writer) (FetchReport, error) {
 	var stats fetchStats
 	eps, err := r.usableFor(repo, d)
 	if err != nil {
-		return stats.report(""), err
+		return stats.report(nil), err
 	}
 	eps = r.ordered(eps)
-	for i, ep := range eps {
-		stats.endpoints++
-		f := &blobFetch{r: r, ep: ep, repo: repo, digest: d, w: w, stats: &stats, finished: make(chan struct{})}
-		if err = f.run(ctx); err == nil {
-			ep.markUp()
-			return stats.report(ep.url.Redacted()), nil
+	for len(eps) > 0 {
+		var group []*endpoint
+		group, eps = r.sourcesOf(eps, d)
+		f := newBlobFetch(r, repo, d, w, &stats, group)
+		err = f.run(ctx)
+		if err == nil {
+			return stats.report(f.sources), nil
 		}
+		stats.add(f.sources)
 		if ctx.Err() != nil {
-			return stats.report(""), err
+			return stats.report(nil), err
 		}
-		if errors.Is(err, ErrUnavailable) && len(r.endpoints) > 1 {
-			ep.markFailed(r, err)
-		}
-		if i+1 < len(eps) {
-			r.log.Warn("blob fetch failed on an endpoint, trying the next", "digest", d,
-				"endpoint", ep.host, "next", eps[i+1].host, "err", err)
+		if len(eps) > 0 {
+			r.log.Warn("blob fetch failed on its endpoints, trying the next", "digest", d,
+				"endpoints", f.hosts(), "next", eps[0].host, "err", err)
 		}
 	}
-	if len(eps) > 1 {
-		return stats.report(""), fmt.Errorf("fetching %s: every endpoint failed, the last with: %w", d, err)
+	return stats.report(nil), err
+}
+
+// sourcesOf splits eps, ordered by health, into the endpoints that fetch d
+// together now and those to try after them, in order: every endpoint that
+// shares content and is not down, or, when there is none, or while d is to
+// come from one endpoint at a time (it failed verification with bytes from
+// several in it), the first alone. Failover-only endpoints come after the
+// others, down ones last.
+func (r *Registry) sourcesOf(eps []*endpoint, d digest.Digest) (group, rest []*endpoint) {
+	now := time.Now()
+	eps = slices.Clone(eps)
+	slices.SortStableFunc(eps, func(a, b *endpoint) int {
+		return cmp.Or(compareBool(a.health.down(now), b.health.down(now)), compareBool(a.failoverOnly, b.failoverOnly))
+	})
+	if !r.corrupt.alone(d, r.now()) {
+		for _, ep := range eps {
+			if !ep.failoverOnly && !ep.health.down(now) {
+				group = append(group, ep)
+			} else {
+				rest = append(rest, ep)
+			}
+		}
+		if len(group) > 0 {
+			return group, rest
+		}
 	}
-	return stats.report(""), err
+	return eps[:1], eps[1:]
+}
+
+// compareBool orders false before true.
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case b:
+		return -1
+	}
+	return 1
 }
 
 // FetchReport is what fetching one blob took, for the line the download
 // logs: where it came from, and how the path treated it.
 type FetchReport struct {
-	Endpoint  string // the endpoint that served it whole; "" if none did
-	Endpoints int    // endpoints tried
-	Chunks    int64  // chunk requests answered to their end
-	Failed    int64  // chunk requests that got no byte (refused, unreachable)
+	// Endpoint is the endpoint that brought the blob, or the most of it
+	// when several did; "" if the blob was not fetched.
+	Endpoint string
+	// Sources are the endpoints that brought its bytes, the most first:
+	// several when endpoints sharing content fetched it together.
+	Sources   []SourceShare
+	Endpoints int   // endpoints tried
+	Chunks    int64 // chunk requests answered to their end
+	Failed    int64 // chunk requests that got no byte (refused, unreachable)
 	// Cuts counts the connections that died mid-answer, by kind: reset,
 	// eof, stall, slow, error.
 	Cuts map[string]int64
 	// Hedges counts chunks asked for again while their first request was
-	// still open (see plan.HedgeAfter); Overtaken the requests that gave
-	// way to another for the same bytes; Abandoned those pullproxy hung up
-	// on mid-answer as no longer needed (the fetch ended). One too slow is
-	// a cut of kind slow.
-	Hedges, Overtaken, Abandoned int64
+	// still open (see plan.HedgeAfter); Splits the backs of slow chunks
+	// asked of a faster endpoint's connection (see plan.Planner.Claim);
+	// Overtaken the requests that gave way to another for the same bytes;
+	// Abandoned those pullproxy hung up on mid-answer as no longer needed
+	// (the fetch ended). One too slow is a cut of kind slow.
+	Hedges, Splits, Overtaken, Abandoned int64
 	// DiscardedBytes and AbandonedBytes are what the upstream sent, or may
 	// have sent, that the blob did not keep (see waste): a carrier bills
 	// them.
 	DiscardedBytes, AbandonedBytes int64
+}
+
+// SourceEndpoints returns the endpoints of r.Sources, the most first.
+func (r FetchReport) SourceEndpoints() []string {
+	out := make([]string, len(r.Sources))
+	for i, s := range r.Sources {
+		out[i] = s.Endpoint
+	}
+	return out
+}
+
+// SourceShare is what one endpoint brought of a blob.
+type SourceShare struct {
+	Endpoint string // as Endpoints names it
+	Bytes    int64  // written by its chunks
 }
 
 // fetchStats accumulates a FetchReport across a blob's workers and endpoints.
@@ -91,6 +151,8 @@ type fetchStats struct {
 	waste     waste // summed over the blob's requests
 	overtaken int64
 	abandoned int64
+	splits    int64
+	shares    map[string]int64 // bytes by endpoint, of endpoints tried before the last
 }
 
 func (s *fetchStats) chunk(result, cutKind string) {
@@ -115,6 +177,8 @@ func (s *fetchStats) chunk(result, cutKind string) {
 		s.abandoned++
 	case "hedged":
 		s.hedges++
+	case "split":
+		s.splits++
 	}
 }
 
@@ -129,39 +193,113 @@ func (s *fetchStats) wasted(w waste) {
 	s.waste.abandoned += w.abandoned
 }
 
-func (s *fetchStats) report(endpoint string) FetchReport {
+// add counts the bytes sources brought, on the way to other endpoints.
+func (s *fetchStats) add(sources []*source) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return FetchReport{Endpoint: endpoint, Endpoints: s.endpoints, Chunks: s.chunks, Failed: s.failed, Cuts: maps.Clone(s.cuts),
-		Hedges: s.hedges, Overtaken: s.overtaken, Abandoned: s.abandoned,
-		DiscardedBytes: s.waste.discarded, AbandonedBytes: s.waste.abandoned}
+	for _, src := range sources {
+		if n := src.brought.Load(); n > 0 {
+			if s.shares == nil {
+				s.shares = map[string]int64{}
+			}
+			s.shares[src.ep.url.Redacted()] += n
+		}
+	}
 }
 
-// blobFetch is one blob being fetched from one endpoint. Which chunk comes
-// next is the planner's to decide (see package plan); blobFetch runs the
-// workers that fetch them, and tells the planner what became of each.
+// report is the FetchReport of a fetch completed by sources (nil: not
+// completed), with what earlier endpoints brought.
+func (s *fetchStats) report(sources []*source) FetchReport {
+	if sources != nil {
+		s.add(sources)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rep := FetchReport{Endpoints: s.endpoints, Chunks: s.chunks, Failed: s.failed, Cuts: maps.Clone(s.cuts),
+		Hedges: s.hedges, Splits: s.splits, Overtaken: s.overtaken, Abandoned: s.abandoned,
+		DiscardedBytes: s.waste.discarded, AbandonedBytes: s.waste.abandoned}
+	if sources == nil {
+		return rep
+	}
+	for ep, n := range s.shares {
+		rep.Sources = append(rep.Sources, SourceShare{Endpoint: ep, Bytes: n})
+	}
+	slices.SortFunc(rep.Sources, func(a, b SourceShare) int {
+		return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), cmp.Compare(a.Endpoint, b.Endpoint))
+	})
+	if len(rep.Sources) > 0 {
+		rep.Endpoint = rep.Sources[0].Endpoint
+	} else if len(sources) > 0 {
+		rep.Endpoint = sources[0].ep.url.Redacted() // nothing was missing: a resumed download's commit
+	}
+	return rep
+}
+
+// blobFetch is one blob being fetched, from one or more endpoints at once
+// (its sources). Which chunk comes next is the planner's to decide (see
+// package plan); each source runs the workers that fetch chunks from its
+// endpoint, and tells the planner what became of each.
 type blobFetch struct {
-	r      *Registry
-	ep     *endpoint
-	repo   string
-	digest digest.Digest
-	w      content.Writer
-	stats  *fetchStats // shared by the blob's endpoints; nil: not kept
+	r       *Registry
+	repo    string
+	digest  digest.Digest
+	w       content.Writer
+	stats   *fetchStats // shared by the blob's endpoints; nil: not kept
+	sources []*source
 
-	mu       sync.Mutex
-	planner  plan.Planner  // the blob's chunks: claimed, in flight, hedged
-	sized    chan struct{} // while the size is unknown: closed when the chunk learning it is released
-	location *url.URL      // where the registry redirected blob GETs: reused until refused
-	failures int           // attempts in a row without a new byte
-	warned   bool          // the size disagreement was logged
+	mu      sync.Mutex
+	planner plan.Planner  // the blob's chunks: claimed, in flight, hedged
+	sized   chan struct{} // while the size is unknown: closed when the chunk learning it is released
+	warned  bool          // the size disagreement was logged
+	stops   []error       // why the sources that stopped did, in turn
 
-	workers      int           // fetching chunks at once at most
-	hedges       atomic.Int32  // chunks claimed again (see plan.Chunk.Hedge): requests may race for the same bytes
+	hedges       atomic.Int32  // chunks claimed again (see plan.Chunk.Hedge, Split): requests may race for the same bytes
 	size         atomic.Int64  // the blob's size once known, for left; 0: not yet
 	written      atomic.Int64  // bytes written, a re-sent byte again
 	finished     chan struct{} // closed once every byte is written: workers waiting for a lane or a retry end
 	finishedOnce sync.Once
 	cancel       context.CancelFunc // ends the workers' requests once finished
+}
+
+// source is one endpoint fetching chunks of a blob: its workers, and what
+// is the endpoint's own in fetching it (where the registry redirected,
+// fruitless attempts in a row). It is what the endpoint's pipe gives
+// connection slots to.
+type source struct {
+	*blobFetch
+	ep       *endpoint
+	location atomic.Pointer[url.URL] // where the registry redirected blob GETs: reused until refused
+	workers  int                     // fetching chunks at once at most
+	failures int                     // attempts in a row without a new byte; under blobFetch.mu
+	brought  atomic.Int64            // bytes its chunks wrote
+	stopped  chan struct{}           // closed when the source gives up (see stop)
+	stopOnce sync.Once
+	ctx      context.Context    // its workers'
+	cancel   context.CancelFunc // ends its workers' requests when it stops
+}
+
+func newBlobFetch(r *Registry, repo string, d digest.Digest, w content.Writer, stats *fetchStats, eps []*endpoint) *blobFetch {
+	f := &blobFetch{r: r, repo: repo, digest: d, w: w, stats: stats, finished: make(chan struct{})}
+	workers := r.fetch.MaxConnections
+	if r.fetch.ParallelChunks > 0 {
+		workers = min(workers, r.fetch.ParallelChunks)
+	}
+	for _, ep := range eps {
+		f.sources = append(f.sources, &source{blobFetch: f, ep: ep, workers: workers, stopped: make(chan struct{})})
+	}
+	stats.mu.Lock()
+	stats.endpoints += len(eps)
+	stats.mu.Unlock()
+	return f
+}
+
+// hosts names the blob's sources, for logs.
+func (f *blobFetch) hosts() []string {
+	hosts := make([]string, len(f.sources))
+	for i, s := range f.sources {
+		hosts[i] = s.ep.host
+	}
+	return hosts
 }
 
 // left is about how many of the blob's bytes are still to arrive (a byte
@@ -181,35 +319,153 @@ func (f *blobFetch) left() int64 {
 	return size - f.written.Load()
 }
 
-// run fetches the blob with as many workers as the endpoint's pipe may let
-// through at once (or ParallelChunks, where set); the pipe decides how many
-// actually run.
+// run fetches the blob with each source's workers, as many as its
+// endpoint's pipe may let through at once (or ParallelChunks, where set);
+// the pipes decide how many actually run. A source that fails for good
+// stops alone, and the others fetch what it left; the blob fails once
+// every source has stopped, with what each found.
 func (f *blobFetch) run(ctx context.Context) error {
-	if err := f.learnSize(ctx); err != nil {
-		return err
-	}
-	workers := f.r.fetch.MaxConnections
-	if f.r.fetch.ParallelChunks > 0 {
-		workers = min(workers, f.r.fetch.ParallelChunks)
-	}
-	f.workers = workers
-	g, gctx := errgroup.WithContext(ctx)
-	wctx, cancel := context.WithCancel(gctx)
+	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	f.cancel = cancel
-	for id := range workers {
-		g.Go(func() error {
-			err := f.worker(wctx, id+1)
-			if f.isFinished() {
-				return nil // every byte is in: requests ended with it do not count
-			}
-			return err
-		})
+	for _, s := range f.sources {
+		var scancel context.CancelFunc
+		s.ctx, scancel = context.WithCancel(wctx)
+		defer scancel()
+		s.cancel = scancel
 	}
-	return g.Wait()
+	// The size, where the manifest did not declare it, from the first
+	// source whose HEAD tells it: a chunk learning it would ask for a
+	// range past the end, which some registries refuse.
+	for _, s := range f.sources {
+		err := f.learnSize(ctx, s)
+		if err == nil && f.w.Size() >= 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			s.stop(err)
+		}
+	}
+	if !f.live() {
+		return f.failure()
+	}
+	for {
+		var wg sync.WaitGroup
+		id := 0 // worker ids are the blob's, not a source's: one watches for them all
+		for _, s := range f.sources {
+			if s.isStopped() {
+				continue
+			}
+			for range s.workers {
+				id++
+				wid := id
+				wg.Go(func() {
+					if err := s.worker(s.ctx, wid); err != nil && !f.isFinished() && ctx.Err() == nil {
+						s.stop(err)
+					}
+				})
+			}
+		}
+		wg.Wait()
+		switch {
+		case f.isFinished() || f.complete():
+			for _, s := range f.sources {
+				if !s.isStopped() && (s.brought.Load() > 0 || len(f.sources) == 1) {
+					s.ep.markUp()
+				}
+			}
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case !f.resumable():
+			return f.failure()
+		}
+		// A source stopped after the others' workers had found nothing
+		// left to claim: those still fetching take up what it left.
+	}
 }
 
-// learnSize asks the endpoint for the blob's size with a HEAD, so that every
+// resumable reports whether workers of the sources still fetching could
+// claim more of the blob: some are, the planner was not stopped, and some
+// of the blob is neither written nor claimed.
+func (f *blobFetch) resumable() bool {
+	if !f.live() {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.planner.Stopped() && f.planner.Unclaimed(plan.Blob{Size: f.w.Size(), Written: f.w})
+}
+
+// live reports whether some source is still fetching.
+func (f *blobFetch) live() bool {
+	for _, s := range f.sources {
+		if !s.isStopped() {
+			return true
+		}
+	}
+	return false
+}
+
+// failure is why the blob could not be fetched: the one source's error, or
+// every source's.
+func (f *blobFetch) failure() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch len(f.stops) {
+	case 0:
+		return fmt.Errorf("fetching %s: no endpoint brought it, and none failed", f.digest)
+	case 1:
+		return f.stops[0]
+	}
+	return fmt.Errorf("fetching %s: every endpoint failed: %w", f.digest, errors.Join(f.stops...))
+}
+
+// stop ends source s, which failed for good with err: its workers end, and
+// what it left is claimed by the other sources. With none left, the
+// planner stops too. An endpoint unavailable is left aside for a while
+// (when there are others); one that lacks the blob or refuses it is not.
+func (s *source) stop(err error) {
+	s.stopOnce.Do(func() {
+		close(s.stopped)
+		s.cancel()
+		f := s.blobFetch
+		f.mu.Lock()
+		f.stops = append(f.stops, err)
+		last := len(f.stops) == len(f.sources)
+		if last || errors.Is(err, errStore) {
+			f.planner.Stop()
+		}
+		f.mu.Unlock()
+		if errors.Is(err, ErrUnavailable) && len(f.r.endpoints) > 1 {
+			s.ep.markFailed(f.r, err)
+		}
+		switch {
+		case last:
+			f.cancel()
+		case errors.Is(err, ErrNotFound):
+			f.r.log.Info("an endpoint lacks a blob the others hold: they fetch it", "digest", f.digest,
+				"endpoint", s.ep.host, "err", err)
+		default:
+			f.r.log.Warn("an endpoint stopped fetching a blob: the others fetch the rest", "digest", f.digest,
+				"endpoint", s.ep.host, "err", err)
+		}
+	})
+}
+
+func (s *source) isStopped() bool {
+	select {
+	case <-s.stopped:
+		return true
+	default:
+		return false
+	}
+}
+
+// learnSize asks source s for the blob's size with a HEAD, so that every
 // chunk can ask for a range inside the blob (some registries refuse a range
 // that runs past the end). Where HEAD gives no answer the first chunk does.
 //
@@ -218,12 +474,12 @@ func (f *blobFetch) run(ctx context.Context) error {
 // is checked against it. The HEAD held every chunk back by its round trip,
 // and by its connection's set-up and its redirect's on a cold start: about
 // 150 ms of a pull at a 40 ms round trip, with the link idle.
-func (f *blobFetch) learnSize(ctx context.Context) error {
+func (f *blobFetch) learnSize(ctx context.Context, s *source) error {
 	if f.w.Size() >= 0 && !f.complete() {
 		return nil
 	}
 	q := request{method: http.MethodHead, repo: f.repo, path: "blobs/" + f.digest.String()}
-	resp, err := f.r.send(ctx, f.ep, q)
+	resp, err := f.r.send(ctx, s.ep, q)
 	if err != nil {
 		if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
 			return nil // the first chunk learns the size, with the usual retries
@@ -235,12 +491,12 @@ func (f *blobFetch) learnSize(ctx context.Context) error {
 	case resp.StatusCode == http.StatusOK && resp.ContentLength >= 0:
 		return f.checkSize(resp.ContentLength, responseHost(resp))
 	case resp.StatusCode == http.StatusTooManyRequests:
-		return f.r.statusError(f.ep.host, q.op(), resp) // asking again adds to the count
+		return f.r.statusError(s.ep.host, q.op(), resp) // asking again adds to the count
 	case resp.StatusCode >= 400 && resp.StatusCode < 500 && f.complete():
 		// Every byte is in already (a download resumed after a crash in
 		// its commit): no chunk will ask, so this refusal is the answer,
 		// and the bytes are not the repository's.
-		return f.r.statusError(f.ep.host, q.op(), resp)
+		return f.r.statusError(s.ep.host, q.op(), resp)
 	}
 	// A refusal (404, 401, 403) comes again with the first chunk's GET,
 	// whose body, unlike a HEAD's, gives the upstream's reason for it.
@@ -307,32 +563,33 @@ func SizeMismatchMessage(d digest.Digest, claimed, declared int64) string {
 // worker fetches chunks until none is left to claim. It claims a chunk only
 // once the pipe gives it a lane, so that the chunk is the one most wanted at
 // the time its request goes out, sized to the lane's connection.
-func (f *blobFetch) worker(ctx context.Context, id int) error {
-	pipe := f.ep.pipe
+func (s *source) worker(ctx context.Context, id int) error {
+	defer s.unwatch(id)
+	pipe := s.ep.pipe
 	for {
-		l, err := pipe.acquire(ctx, f)
+		l, err := pipe.acquire(ctx, s)
 		if errors.Is(err, errFinished) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		how := l.plan(f.ep, f.target())
-		c, ok, wait := f.claim(time.Now(), how, pipe.free())
+		how := l.plan(s.ep, s.target())
+		c, ok, wait := s.claim(time.Now(), how, pipe.free())
 		if !ok {
 			if how.probe != nil {
 				how.probe.failed()
 			}
-			pipe.release(f, l, 0)
+			pipe.release(s, l, 0)
 			if wait == nil {
-				d := f.watch(id)
+				d := s.watch(id)
 				if d == 0 {
 					return nil
 				}
 				select { // chunks in flight are watched for one gone silent
 				case <-time.After(d):
 					continue
-				case <-f.finished:
+				case <-s.finished:
 					return nil
 				case <-ctx.Done():
 					return ctx.Err()
@@ -346,18 +603,18 @@ func (f *blobFetch) worker(ctx context.Context, id int) error {
 			}
 		}
 		start := time.Now()
-		n, err := f.fetchChunk(ctx, l, c, how)
-		if err != nil && !errors.Is(err, ErrUnavailable) {
-			f.stop() // before the chunk is free to claim again: asking again would not help
+		n, err := s.fetchChunk(ctx, l, c, how)
+		if err != nil && !errors.Is(err, ErrUnavailable) && !s.isFinished() && ctx.Err() == nil {
+			s.stop(err) // before the chunk is free to claim again: asking this endpoint again would not help
 		}
-		f.release(c)
-		pipe.release(f, l, time.Since(start))
+		s.release(c)
+		pipe.release(s, l, time.Since(start))
 		if err == nil {
-			f.progress()
-			f.checkFinished()
+			s.progress()
+			s.checkFinished()
 			continue
 		}
-		if f.isFinished() {
+		if s.isFinished() {
 			return nil // another brought the rest, and this request was ended
 		}
 		if ctx.Err() != nil {
@@ -369,23 +626,23 @@ func (f *blobFetch) worker(ctx context.Context, id int) error {
 		if n > 0 && !errors.Is(err, errTooSlow) {
 			// A cut after bytes came: the rest is asked for at once, on
 			// another connection, as the path allows (see pipe).
-			f.progress()
-			f.checkFinished()
+			s.progress()
+			s.checkFinished()
 			continue
 		}
 		// A trickle brings bytes, but is no progress to keep trying on.
-		attempts := f.failed()
-		if attempts >= f.r.fetch.MaxAttempts {
+		attempts := s.failed()
+		if attempts >= s.r.fetch.MaxAttempts {
 			what := "brought no byte"
 			if errors.Is(err, errTooSlow) {
 				what = "were too slow (min_goodput)"
 			}
 			return fmt.Errorf("fetching %s from %s: %d attempts in a row %s: %w",
-				f.digest, f.ep.host, attempts, what, err)
+				s.digest, s.ep.host, attempts, what, err)
 		}
 		select {
 		case <-time.After(backoff(attempts)):
-		case <-f.finished: // the other workers brought the rest
+		case <-s.finished: // the other workers brought the rest
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
@@ -425,34 +682,48 @@ func (f *blobFetch) isFinished() bool {
 // watches the chunks in flight for one gone silent (see plan.Planner.Watch),
 // unless another does. It returns how long to wait before looking again,
 // or 0 when the worker is done.
-func (f *blobFetch) watch(id int) time.Duration {
-	after := f.hedgeAfter()
+func (s *source) watch(id int) time.Duration {
+	after := s.hedgeAfter()
+	f := s.blobFetch
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.planner.Watch(id, after)
 }
 
+// unwatch ends worker id's watch of the chunks in flight, if it watches:
+// another worker, perhaps another source's, takes it up.
+func (s *source) unwatch(id int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.planner.Unwatch(id)
+}
+
 // target is where the next chunk's request goes: the registry's redirect
 // target while it is accepted, else the registry.
-func (f *blobFetch) target() *url.URL {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.location != nil {
-		return f.location
+func (s *source) target() *url.URL {
+	if loc := s.location.Load(); loc != nil {
+		return loc
 	}
-	return f.ep.url
+	return s.ep.url
 }
 
 // claim asks the planner, at now, for the next chunk to fetch on a
 // connection sized as how says, with free more slots of the pipe free (see
 // plan.Planner.Claim). When there is nothing to claim yet but may be soon
 // (the size is being learned), it returns a channel to wait on.
-func (f *blobFetch) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, bool, <-chan struct{}) {
-	src := plan.Source{Free: free, Workers: f.workers, HedgeAfter: f.hedgeAfter()}
+func (s *source) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, bool, <-chan struct{}) {
+	if s.isStopped() {
+		return plan.Chunk{}, false, nil
+	}
+	src := plan.Source{Free: free, Workers: s.workers, HedgeAfter: s.hedgeAfter()}
 	conn := plan.Conn{Size: how.size, Room: how.room, Several: how.several}
+	b := plan.Blob{Size: s.w.Size(), Written: s.w}
+	if len(s.sources) > 1 {
+		conn.Rate, b.Rate, b.BestConnRate = s.paces()
+	}
+	f := s.blobFetch
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	b := plan.Blob{Size: f.w.Size(), Written: f.w}
 	if b.Size >= 0 {
 		b.Wanted = f.w.Wanted() // nil unless readers wait: no allocation per chunk
 	}
@@ -466,21 +737,49 @@ func (f *blobFetch) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, b
 	if c.Sizing {
 		f.sized = make(chan struct{})
 	}
-	if c.Hedge {
+	switch {
+	case c.Hedge:
 		f.hedges.Add(1)
 		f.stats.chunk("hedged", "")
+	case c.Split:
+		f.hedges.Add(1)
+		f.stats.chunk("split", "")
 	}
 	return c, true, nil
 }
 
+// paces returns what the planner weighs a blob's end by when several
+// sources fetch it (see plan.Blob.Rate): the goodput a connection of s
+// brings, that of the blob's connections from every source together (each
+// source's per connection, times the slots it holds or may take for the
+// blob), and the fastest source's per connection. All 0 until every source
+// still fetching has a measured pace.
+func (s *source) paces() (conn, blob, best float64) {
+	for _, o := range s.sources {
+		if o.isStopped() {
+			continue
+		}
+		rate, slots := o.ep.pipe.pace(o)
+		if rate <= 0 {
+			return 0, 0, 0
+		}
+		if o == s {
+			conn = rate
+		}
+		blob += rate * float64(min(slots, o.workers))
+		best = max(best, rate)
+	}
+	return conn, blob, best
+}
+
 // hedgeAfter is how long a chunk in flight may bring nothing before its
 // rest is asked for again (see plan.HedgeAfter).
-func (f *blobFetch) hedgeAfter() time.Duration {
+func (s *source) hedgeAfter() time.Duration {
 	var first time.Duration
-	if d := f.r.dialer; d != nil {
-		first = d.newConnFirstByte(f.ep.key)
+	if d := s.r.dialer; d != nil {
+		first = d.newConnFirstByte(s.ep.key)
 	}
-	return plan.HedgeAfter(first, f.r.fetch.StallTimeout)
+	return plan.HedgeAfter(first, s.r.fetch.StallTimeout)
 }
 
 // release tells the planner chunk c is over: what it left unwritten is
@@ -503,14 +802,6 @@ func (f *blobFetch) attach(c plan.Chunk, conn *chunkConn) {
 	f.planner.Attach(c.ID, conn)
 }
 
-// stop ends the claiming of chunks: one failed in a way that asking again
-// would not change.
-func (f *blobFetch) stop() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.planner.Stop()
-}
-
 // unclaimed reports whether some of the blob is neither written nor claimed.
 func (f *blobFetch) unclaimed() bool {
 	f.mu.Lock()
@@ -518,19 +809,19 @@ func (f *blobFetch) unclaimed() bool {
 	return f.planner.Unclaimed(plan.Blob{Size: f.w.Size(), Written: f.w})
 }
 
-// progress resets the count of fruitless attempts; failed adds one and
-// returns the count.
-func (f *blobFetch) progress() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.failures = 0
+// progress resets the source's count of fruitless attempts; failed adds
+// one and returns the count.
+func (s *source) progress() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failures = 0
 }
 
-func (f *blobFetch) failed() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.failures++
-	return f.failures
+func (s *source) failed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.failures++
+	return s.failures
 }
 
 // backoff is a jittered exponential delay: 100 ms doubling to 5 s.

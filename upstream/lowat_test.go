@@ -216,7 +216,9 @@ func TestClaimLeavesALaggingReader(t *testing.T) {
 	if _, err := w.WriteAt(make([]byte, 3*mib), 0); err != nil {
 		t.Fatal(err)
 	}
-	f := &blobFetch{w: w, r: &Registry{fetch: FetchConfig{StallTimeout: 2 * time.Second}}, ep: &endpoint{pipe: &pipe{}}, workers: 8}
+	f := &source{blobFetch: &blobFetch{w: w, r: &Registry{fetch: FetchConfig{StallTimeout: 2 * time.Second}}},
+		ep: &endpoint{pipe: &pipe{}}, workers: 8, stopped: make(chan struct{})}
+	f.sources = []*source{f}
 	at := time.Now()
 	rest, ok, _ := f.claim(at, chunkPlan{size: mib, room: mib}, 0) // no slot free to share it with
 	if !ok || rest.Start != 3*mib || rest.End != 4*mib {

@@ -11,11 +11,14 @@ import (
 type Metrics struct {
 	requests  *prometheus.CounterVec
 	blobBytes *prometheus.CounterVec
-	budget    *prometheus.GaugeVec
-	cuts      *prometheus.CounterVec
-	chunks    *prometheus.CounterVec
-	retries   *prometheus.CounterVec
-	wasted    *prometheus.CounterVec
+	// endpointBytes: blob bytes by endpoint, each endpoint's share where
+	// several fetch one blob together.
+	endpointBytes *prometheus.CounterVec
+	budget        *prometheus.GaugeVec
+	cuts          *prometheus.CounterVec
+	chunks        *prometheus.CounterVec
+	retries       *prometheus.CounterVec
+	wasted        *prometheus.CounterVec
 
 	connLimit     *prometheus.GaugeVec
 	connsInFlight *prometheus.GaugeVec
@@ -38,6 +41,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "pullproxy_upstream_blob_bytes_total",
 			Help: "Blob bytes received from upstream registries.",
 		}, []string{"upstream"}),
+		endpointBytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pullproxy_upstream_endpoint_blob_bytes_total",
+			Help: "Blob bytes received from each endpoint: its share of pullproxy_upstream_blob_bytes_total, where endpoints that share content fetch blobs together.",
+		}, []string{"upstream", "endpoint"}),
 	}
 	m.budget = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "pullproxy_upstream_connection_budget_bytes",
@@ -83,7 +90,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Name: "pullproxy_ecr_token_renewals_total",
 		Help: "ECR authorization tokens asked for, by region and result (ok, failed).",
 	}, []string{"region", "result"})
-	for _, c := range []prometheus.Collector{m.ecrRenewals, m.requests, m.blobBytes, m.budget, m.cuts, m.chunks, m.retries, m.wasted,
+	for _, c := range []prometheus.Collector{m.ecrRenewals, m.requests, m.blobBytes, m.endpointBytes, m.budget, m.cuts, m.chunks, m.retries, m.wasted,
 		m.connLimit, m.connsInFlight, m.rateRemaining, m.rateLimit, m.endpointUp} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

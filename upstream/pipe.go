@@ -68,7 +68,7 @@ type pipe struct {
 	mu       sync.Mutex
 	limit    int
 	inflight int
-	held     map[*blobFetch]int
+	held     map[*source]int
 	waiters  []*pipeWaiter
 	idle     []*lane // lanes not in use, the last used on top: its connections are the warmest
 
@@ -96,7 +96,7 @@ type pipe struct {
 }
 
 type pipeWaiter struct {
-	owner   *blobFetch
+	owner   *source
 	ready   chan struct{}
 	granted bool
 	lane    *lane // with granted
@@ -149,7 +149,7 @@ const (
 )
 
 func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
-	p := &pipe{log: log, max: maxConns, newLane: newLane, limitG: limitG, flightG: flightG, held: map[*blobFetch]int{},
+	p := &pipe{log: log, max: maxConns, newLane: newLane, limitG: limitG, flightG: flightG, held: map[*source]int{},
 		limit: min(initialConnections, maxConns)}
 	limitG.Set(float64(p.limit))
 	return p
@@ -157,7 +157,7 @@ func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, fligh
 
 // acquire waits for a connection slot for owner, and returns its lane. It
 // returns errFinished, without a lane, once owner's blob is complete.
-func (p *pipe) acquire(ctx context.Context, owner *blobFetch) (*lane, error) {
+func (p *pipe) acquire(ctx context.Context, owner *source) (*lane, error) {
 	p.mu.Lock()
 	if from := p.limit; p.winStart.IsZero() {
 		why := ""
@@ -204,7 +204,7 @@ func (p *pipe) acquire(ctx context.Context, owner *blobFetch) (*lane, error) {
 	return nil, err
 }
 
-func (p *pipe) grantLocked(owner *blobFetch) *lane {
+func (p *pipe) grantLocked(owner *source) *lane {
 	if p.winStart.IsZero() { // the first window starts with the first connection
 		p.winStart, p.winBytes = time.Now(), p.received.Load()
 	}
@@ -224,7 +224,7 @@ func (p *pipe) grantLocked(owner *blobFetch) *lane {
 
 // release returns owner's slot and its lane; took is how long the chunk
 // held it (0: it fetched nothing).
-func (p *pipe) release(owner *blobFetch, l *lane, took time.Duration) {
+func (p *pipe) release(owner *source, l *lane, took time.Duration) {
 	now := time.Now()
 	p.mu.Lock()
 	if took > 0 {
@@ -248,7 +248,7 @@ func (p *pipe) release(owner *blobFetch, l *lane, took time.Duration) {
 	}
 }
 
-func (p *pipe) releaseLocked(owner *blobFetch, l *lane) {
+func (p *pipe) releaseLocked(owner *source, l *lane) {
 	p.inflight--
 	if p.held[owner]--; p.held[owner] <= 0 {
 		delete(p.held, owner)
@@ -298,7 +298,7 @@ func (p *pipe) wakeLocked() {
 // beforeLocked reports whether a free slot goes to a's waiter before b's:
 // a blob holding none first, then the blob with the fewest bytes left,
 // then the one holding fewer.
-func (p *pipe) beforeLocked(a, b *blobFetch) bool {
+func (p *pipe) beforeLocked(a, b *source) bool {
 	if a == b {
 		return false
 	}
@@ -604,6 +604,19 @@ func (p *pipe) free() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return max(p.limit-p.inflight, 0)
+}
+
+// pace returns the goodput one of the endpoint's connections brings, as the
+// last saturated window measured it (0: unknown, or stale), and how many
+// connection slots owner holds or could take at once.
+func (p *pipe) pace(owner *source) (float64, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	rate := p.connRate
+	if time.Since(p.lastAt) > staleRate {
+		rate = 0
+	}
+	return rate, p.held[owner] + max(p.limit-p.inflight, 0)
 }
 
 // chunkTarget returns the size of a chunk on a connection whose budget

@@ -38,7 +38,7 @@ func simulateChangingPath(t *testing.T, p *pipe, workers int, perConn float64, c
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	defer cancel()
-	owner := &blobFetch{}
+	owner := &source{blobFetch: &blobFetch{}}
 	var mu sync.Mutex
 	peak := 0
 	var wg sync.WaitGroup
@@ -153,7 +153,7 @@ func TestPipeShares(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		p := newTestPipe(4)
-		a, b := &blobFetch{}, &blobFetch{}
+		a, b := &source{blobFetch: &blobFetch{}}, &source{blobFetch: &blobFetch{}}
 		ctx := t.Context()
 		for range 4 {
 			if _, err := p.acquire(ctx, a); err != nil {
@@ -161,8 +161,8 @@ func TestPipeShares(t *testing.T) {
 			}
 		}
 		// Both wait: a for three more, b for three.
-		granted := make(chan *blobFetch, 6)
-		for _, o := range []*blobFetch{a, a, a, b, b, b} {
+		granted := make(chan *source, 6)
+		for _, o := range []*source{a, a, a, b, b, b} {
 			go func() {
 				if _, err := p.acquire(ctx, o); err == nil {
 					granted <- o
@@ -174,7 +174,7 @@ func TestPipeShares(t *testing.T) {
 			p.release(a, &lane{}, 0)
 		}
 		synctest.Wait()
-		held := map[*blobFetch]int{}
+		held := map[*source]int{}
 		for range 4 {
 			held[<-granted]++
 		}
@@ -191,7 +191,7 @@ func TestPipeShares(t *testing.T) {
 			t.Errorf("cancelled acquire: got no error")
 		}
 		for range 4 {
-			p.release(<-func() chan *blobFetch { c := make(chan *blobFetch, 1); c <- a; return c }(), &lane{}, 0)
+			p.release(<-func() chan *source { c := make(chan *source, 1); c <- a; return c }(), &lane{}, 0)
 		}
 	})
 }
@@ -259,7 +259,7 @@ func TestPipeStartsByThePathsLength(t *testing.T) {
 			t.Parallel()
 			p := newTestPipe(64)
 			p.roundTrip = func() time.Duration { return tt.roundTrip }
-			owner := &blobFetch{finished: make(chan struct{})}
+			owner := &source{blobFetch: &blobFetch{finished: make(chan struct{})}}
 			l, err := p.acquire(t.Context(), owner)
 			if err != nil {
 				t.Fatalf("acquire: %v", err)
@@ -293,7 +293,7 @@ func TestPipeWaitEndsWithTheBlob(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		p := newTestPipe(1)
-		other, owner := &blobFetch{}, &blobFetch{finished: make(chan struct{})}
+		other, owner := &source{blobFetch: &blobFetch{}}, &source{blobFetch: &blobFetch{finished: make(chan struct{})}}
 		l, err := p.acquire(t.Context(), other)
 		if err != nil {
 			t.Fatal(err)
@@ -385,7 +385,7 @@ func TestPipeClosesParkedProbes(t *testing.T) {
 	p := newTestPipe(4)
 	p.newLane = func() *lane { l := lanes[0]; lanes = lanes[1:]; return l }
 
-	owner := &blobFetch{}
+	owner := &source{blobFetch: &blobFetch{}}
 	var held []*lane
 	for range 4 {
 		l, err := p.acquire(t.Context(), owner)
@@ -518,22 +518,22 @@ func TestPipeNearestEndFirst(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		const mib = 1 << 20
-		blob := func(size, written int64) *blobFetch {
+		blob := func(size, written int64) *source {
 			f := &blobFetch{}
 			f.size.Store(size)
 			f.written.Store(written)
-			return f
+			return &source{blobFetch: f}
 		}
 		near, far, fresh := blob(100*mib, 90*mib), blob(100*mib, 10*mib), blob(200*mib, 0)
 		p := newTestPipe(4)
 		ctx := t.Context()
-		for _, o := range []*blobFetch{near, far, far, far} {
+		for _, o := range []*source{near, far, far, far} {
 			if _, err := p.acquire(ctx, o); err != nil {
 				t.Fatal(err)
 			}
 		}
-		granted := make(chan *blobFetch, 4)
-		for _, o := range []*blobFetch{far, near, near, fresh} {
+		granted := make(chan *source, 4)
+		for _, o := range []*source{far, near, near, fresh} {
 			go func() {
 				if _, err := p.acquire(ctx, o); err == nil {
 					granted <- o
@@ -541,14 +541,14 @@ func TestPipeNearestEndFirst(t *testing.T) {
 			}()
 			synctest.Wait() // queued in this order
 		}
-		var got []*blobFetch
-		for _, o := range []*blobFetch{far, far, fresh} { // far keeps one
+		var got []*source
+		for _, o := range []*source{far, far, fresh} { // far keeps one
 			p.release(o, &lane{}, 0)
 			synctest.Wait()
 			got = append(got, <-granted)
 		}
-		if want := []*blobFetch{fresh, near, near}; !slices.Equal(got, want) {
-			name := map[*blobFetch]string{near: "near", far: "far", fresh: "fresh"}
+		if want := []*source{fresh, near, near}; !slices.Equal(got, want) {
+			name := map[*source]string{near: "near", far: "far", fresh: "fresh"}
 			t.Errorf("slots went to %v, want fresh (it held none), then near twice (10 MiB left, against 90)",
 				[]string{name[got[0]], name[got[1]], name[got[2]]})
 		}

@@ -74,6 +74,7 @@ type options struct {
 	fetch     FetchConfig
 	creds     Credentials
 	regions   map[string]string // endpoint URL → region
+	failover  map[string]bool   // endpoint URLs kept for failover only
 	tls       *tls.Config
 	realms    []string // token realm hosts credentials may go to
 	allow     []string // redirect targets allowed whatever their address
@@ -118,6 +119,21 @@ func WithEndpointRegion(endpointURL, region string) Option {
 			o.regions = map[string]string{}
 		}
 		o.regions[strings.TrimSuffix(endpointURL, "/")] = region
+		return nil
+	}
+}
+
+// WithFailoverOnly keeps the endpoint with the given URL for failover only:
+// it is asked for a blob only once the endpoints that share the upstream's
+// content have all failed to bring it, one endpoint at a time, rather than
+// fetching chunks alongside them (an endpoint that costs money per byte, or
+// one whose content may lag). Repeatable.
+func WithFailoverOnly(endpointURL string) Option {
+	return func(o *options) error {
+		if o.failover == nil {
+			o.failover = map[string]bool{}
+		}
+		o.failover[strings.TrimSuffix(endpointURL, "/")] = true
 		return nil
 	}
 }
@@ -251,14 +267,16 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			region = ECRRegion(u.Host)
 		}
 		r.endpoints = append(r.endpoints, &endpoint{
-			url:    u,
-			host:   u.Host,
-			key:    keyOf(u),
-			region: region,
-			budget: newBudget(fetch, o.log.With("upstream", name, "endpoint", u.Host), o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
+			url:          u,
+			host:         u.Host,
+			key:          keyOf(u),
+			region:       region,
+			failoverOnly: o.failover[strings.TrimSuffix(e, "/")],
+			budget:       newBudget(fetch, o.log.With("upstream", name, "endpoint", u.Host), o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
 			pipe: newPipe(fetch.MaxConnections, r.newLane, o.log.With("upstream", name, "endpoint", u.Host),
 				o.metrics.connLimit.With(labels), o.metrics.connsInFlight.With(labels)),
 			chunks:    o.metrics.chunks.MustCurryWith(labels),
+			bytes:     o.metrics.endpointBytes.With(labels),
 			discarded: wasted.WithLabelValues("discarded"),
 			abandoned: wasted.WithLabelValues("abandoned"),
 			up:        o.metrics.endpointUp.With(labels),

@@ -27,6 +27,8 @@ type Status struct {
 type EndpointStatus struct {
 	URL    string `json:"url"`
 	Region string `json:"region,omitempty"`
+	// FailoverOnly: asked for blobs only once the others failed.
+	FailoverOnly bool `json:"failover_only,omitempty"`
 	// Up is false while the endpoint is left aside after failing, until
 	// DownUntil.
 	Up        bool      `json:"up"`
@@ -63,7 +65,7 @@ func (r *Registry) Status() Status {
 	now := time.Now()
 	st := Status{Name: r.name, Corrupt: r.corrupt.list(r.now())}
 	for _, ep := range r.endpoints {
-		es := EndpointStatus{URL: ep.url.Redacted(), Region: ep.region, BudgetBytes: ep.budget.get()}
+		es := EndpointStatus{URL: ep.url.Redacted(), Region: ep.region, FailoverOnly: ep.failoverOnly, BudgetBytes: ep.budget.get()}
 		ep.health.mu.Lock()
 		es.Up = !now.Before(ep.health.downUntil)
 		if !es.Up {

@@ -65,6 +65,9 @@ type config struct {
 	MatrixSeeds     int    `json:"matrix_seeds,omitempty"`
 	MatrixCleanRuns int    `json:"matrix_clean_runs,omitempty"`
 	MatrixPaths     string `json:"matrix_paths,omitempty"` // a regular expression the measured paths' names match
+	// Sources: measure the several-endpoint scenarios (see sources.go),
+	// with the matrix's seeds and clean runs.
+	Sources bool `json:"several_endpoints,omitempty"`
 }
 
 type bench struct {
@@ -117,6 +120,8 @@ func parseFlags() (cfg config, jsonOut, proxyLogs, cpuProfile string) {
 	rtts := flag.String("rtts", "0,40,100", `round-trip times of the path to measure the table's rows at, in ms ("": none)`)
 	matrix := flag.String("matrix", "off", "the scenario matrix: off, quick (2 seeds per path, 1 clean pull) or full (5 and 3)")
 	flag.StringVar(&cfg.MatrixPaths, "matrix-paths", "", "measure only the matrix's paths whose names match this regular expression")
+	flag.BoolVar(&cfg.Sources, "several-endpoints", true, "with -matrix, also pull through an upstream at several endpoints, "+
+		"each behind a path of its own, with the matrix's seeds")
 	flag.BoolVar(&cfg.Extras, "extras", true, "measure the direct pull across the carrier, stalls, the warm pull, coalescing, "+
 		"a kill and memory, at the first RTT")
 	flag.BoolVar(&cfg.Replicas, "replicas", true, "measure two pullproxy replicas sharing a MinIO bucket (a pull through one "+
@@ -184,8 +189,12 @@ func run(ctx context.Context, cfg config, jsonOut, proxyLogs string) error {
 	if cfg.MatrixSeeds > 0 {
 		rep.Matrix = b.matrix(ctx)
 	}
+	if cfg.Sources && cfg.MatrixSeeds > 0 {
+		rep.Sources = b.sources(ctx)
+	}
 	printTable(os.Stdout, rep)
 	printMatrix(os.Stdout, rep)
+	printSources(os.Stdout, rep)
 	if jsonOut != "" {
 		return benchrun.WriteJSON(jsonOut, rep)
 	}

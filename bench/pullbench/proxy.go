@@ -40,15 +40,20 @@ func startProxy(ctx context.Context, b *bench, upstreamURL string) (*proxyProces
 }
 
 func startProxyOn(ctx context.Context, b *bench, upstreamURL, dataDir string) (*proxyProcess, error) {
-	return startProxyWith(ctx, b, upstreamURL, dataDir, "", nil)
+	return startProxyWith(ctx, b, []string{upstreamURL}, dataDir, "", nil)
 }
 
-// startProxyWith is startProxyOn with more configuration (YAML appended to
-// the config file) and environment (added to pullbench's own).
-func startProxyWith(ctx context.Context, b *bench, upstreamURL, dataDir, moreYAML string, env []string) (*proxyProcess, error) {
+// startProxyWith is startProxyOn with the upstream at several endpoints,
+// more configuration (YAML appended to the config file) and environment
+// (added to pullbench's own).
+func startProxyWith(ctx context.Context, b *bench, upstreamURLs []string, dataDir, moreYAML string, env []string) (*proxyProcess, error) {
 	config := dataDir + ".yaml"
-	yaml := fmt.Sprintf("upstreams:\n  - name: %s\n    endpoints: [{url: %q}]\n    ca_file: %q\n",
-		registryHost, upstreamURL, b.reg.CAFile())
+	var endpoints []string
+	for _, u := range upstreamURLs {
+		endpoints = append(endpoints, fmt.Sprintf("{url: %q}", u))
+	}
+	yaml := fmt.Sprintf("upstreams:\n  - name: %s\n    endpoints: [%s]\n    ca_file: %q\n",
+		registryHost, strings.Join(endpoints, ", "), b.reg.CAFile())
 	if b.cfg.ProxyFetch != "" {
 		yaml += "fetch: {" + b.cfg.ProxyFetch + "}\n"
 	}

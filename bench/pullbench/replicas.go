@@ -134,7 +134,7 @@ func (b *bench) startReplicas(ctx context.Context, mode carrier.Mode, prob float
 			r.close()
 			return nil, fmt.Errorf("creating a replica's data dir: %w", err)
 		}
-		if *p, err = startProxyWith(ctx, b, "https://"+r.path.Addr(), dataDir, r.bucket.storageYAML(), replicaEnv()); err != nil {
+		if *p, err = startProxyWith(ctx, b, []string{"https://" + r.path.Addr()}, dataDir, r.bucket.storageYAML(), replicaEnv()); err != nil {
 			os.RemoveAll(dataDir)
 			r.close()
 			return nil, fmt.Errorf("starting a replica: %w", err)

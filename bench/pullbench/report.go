@@ -11,10 +11,11 @@ import (
 // report is what results.json holds.
 type report struct {
 	benchrun.Provenance
-	ImageBytes int64       `json:"image_bytes"`
-	Config     config      `json:"config"`
-	Results    []result    `json:"results"`
-	Matrix     []matrixRow `json:"matrix,omitempty"`
+	ImageBytes int64        `json:"image_bytes"`
+	Config     config       `json:"config"`
+	Results    []result     `json:"results"`
+	Matrix     []matrixRow  `json:"matrix,omitempty"`
+	Sources    []sourcesRow `json:"several_endpoints,omitempty"`
 }
 
 // printTable prints the figures as Markdown, under what they were measured

@@ -34,6 +34,15 @@ type Blob struct {
 	// Wanted holds the offsets clients wait at, ascending: the chunks there
 	// are claimed (and hedged) first. Nil when none wait.
 	Wanted []int64
+	// Rate is the goodput the blob's connections are expected to bring
+	// together, bytes/s, from every source that fetches it, when several
+	// do; 0 with one source, or while a source's pace is unknown. With it
+	// the blob's end is shared by pace (see share), and a slow chunk's
+	// rest is split off to a faster connection (see split).
+	Rate float64
+	// BestConnRate is the goodput of one connection of the fastest source
+	// among them, bytes/s; with Rate.
+	BestConnRate float64
 }
 
 // Source is what the planner knows of the endpoint a claim is for.
@@ -59,6 +68,9 @@ type Conn struct {
 	// path's), so a chunk cut shorter near a blob's end costs a request,
 	// not a session (see endgame).
 	Several bool
+	// Rate is the goodput the connection is expected to bring, bytes/s
+	// (its source's per connection); 0: unknown.
+	Rate float64
 }
 
 // Chunk is a claimed byte range, and how to ask for it.
@@ -68,6 +80,7 @@ type Chunk struct {
 	ID         uint64 // its entry among the chunks in flight; 0: none (a stream)
 	Sizing     bool   // claimed while the blob's size is unknown: its answer tells it
 	Hedge      bool   // the rest of a silent chunk, claimed again
+	Split      bool   // the back of a slow chunk's rest, split off to a faster connection (see split)
 }
 
 // Outcome is what a claim came to.
@@ -104,6 +117,7 @@ type Planner struct {
 type flight struct {
 	start, end int64
 	id         uint64
+	claimedAt  time.Time
 	seen       int64     // its first missing byte when last looked at
 	seenAt     time.Time // when seen or read last moved (or the chunk was claimed)
 	hedged     bool      // its rest was claimed again
@@ -116,10 +130,11 @@ type flight struct {
 // the first such offset from the start; c.Size bytes long at most, or up to
 // c.Room when the rest of the gap would be too short for a chunk of its
 // own, and shorter near the blob's end while others could share what is
-// left (see endgame). A chunk a client waits on that went silent is claimed
-// again before anything else; any silent chunk once nothing else is left
-// (see hedge). While the size is unknown, one chunk from the start learns
-// it and the others Wait.
+// left (see endgame; with several sources, by pace: see share). A chunk a
+// client waits on that went silent is claimed again before anything else;
+// once nothing else is left, the back of a chunk on a slower source (see
+// split), or any silent chunk (see hedge). While the size is unknown, one
+// chunk from the start learns it and the others Wait.
 func (p *Planner) Claim(now time.Time, b Blob, src Source, c Conn) (Chunk, Outcome) {
 	switch {
 	case p.stopped:
@@ -154,6 +169,7 @@ func (p *Planner) Claim(now time.Time, b Blob, src Source, c Conn) (Chunk, Outco
 			return ch, Claimed
 		}
 	}
+claiming:
 	for i := 0; i <= len(b.Wanted); i++ {
 		off := int64(0) // after the wanted offsets, from the start
 		if i < len(b.Wanted) {
@@ -161,8 +177,16 @@ func (p *Planner) Claim(now time.Time, b Blob, src Source, c Conn) (Chunk, Outco
 		}
 		if ch, ok := p.gapFrom(b.Written, off, c.Size, c.Room); ok {
 			ch.End = p.endgame(ch, b, src, c)
+			if b.Rate > 0 && c.Rate > 0 {
+				if ch.End, ok = p.share(ch, b, c); !ok {
+					break claiming // the faster connections bring the rest sooner
+				}
+			}
 			return p.track(ch, now), Claimed
 		}
+	}
+	if ch, ok := p.split(now, b, src, c); ok {
+		return ch, Claimed
 	}
 	if ch, ok := p.hedge(now, b.Written, nil, src.HedgeAfter); ok {
 		return ch, Claimed
@@ -175,7 +199,7 @@ func (p *Planner) Claim(now time.Time, b Blob, src Source, c Conn) (Chunk, Outco
 func (p *Planner) track(ch Chunk, now time.Time) Chunk {
 	p.lastID++
 	ch.ID = p.lastID
-	p.inflight = append(p.inflight, flight{start: ch.Start, end: ch.End, id: ch.ID, seen: ch.Start, seenAt: now})
+	p.inflight = append(p.inflight, flight{start: ch.Start, end: ch.End, id: ch.ID, claimedAt: now, seen: ch.Start, seenAt: now})
 	return ch
 }
 
@@ -222,6 +246,9 @@ func (p *Planner) Stream(start int64) {
 // would not change.
 func (p *Planner) Stop() { p.stopped = true }
 
+// Stopped reports whether Stop was called.
+func (p *Planner) Stopped() bool { return p.stopped }
+
 // Unclaimed reports whether some of blob b is neither written nor claimed.
 func (p *Planner) Unclaimed(b Blob) bool {
 	if p.noRange || b.Size < 0 {
@@ -245,6 +272,13 @@ func (p *Planner) Watch(worker int, hedgeAfter time.Duration) time.Duration {
 	}
 	p.watcher = worker
 	return hedgeAfter / 4
+}
+
+// Unwatch ends worker's watch, if it watches: it is ending.
+func (p *Planner) Unwatch(worker int) {
+	if p.watcher == worker {
+		p.watcher = 0
+	}
 }
 
 // Overtaken reports whether a request about to write at off has been

@@ -36,15 +36,26 @@ func PrintStatus(ctx context.Context, t Target, stdout io.Writer, asJSON bool) e
 	}
 	for _, u := range st {
 		fmt.Fprintf(stdout, "%s\n", u.Name)
+		var received int64
+		for _, e := range u.Endpoints {
+			received += e.ReceivedBytes
+		}
 		for _, e := range u.Endpoints {
 			state := "up"
 			if !e.Up {
 				state = fmt.Sprintf("left aside until %s (%d failures in a row)", e.DownUntil.Format(time.TimeOnly), e.Failures)
 			}
+			if e.FailoverOnly {
+				state += ", failover only"
+			}
+			share := ""
+			if len(u.Endpoints) > 1 && received > 0 {
+				share = fmt.Sprintf(" (%d%% of the upstream's)", e.ReceivedBytes*100/received)
+			}
 			fmt.Fprintf(stdout, "  %s %s: %s\n", e.URL, e.Region, state)
-			fmt.Fprintf(stdout, "    chunks lately: %d, %d%% cut; connection budget %s; connections %d of %d; goodput %s/s; received %s\n",
+			fmt.Fprintf(stdout, "    chunks lately: %d, %d%% cut; connection budget %s; connections %d of %d; goodput %s/s; received %s%s\n",
 				e.RecentChunks, e.CutPercent, progress.Bytes(e.BudgetBytes), e.ConnectionsInFlight, e.ConnectionsLimit,
-				progress.Bytes(int64(e.GoodputBytesPerSecond)), progress.Bytes(e.ReceivedBytes))
+				progress.Bytes(int64(e.GoodputBytesPerSecond)), progress.Bytes(e.ReceivedBytes), share)
 			if len(e.CutPoints) > 0 {
 				fmt.Fprintf(stdout, "    cut points (10 min): %d, from %s to %s\n", len(e.CutPoints),
 					progress.Bytes(e.CutPoints[0]), progress.Bytes(e.CutPoints[len(e.CutPoints)-1]))

@@ -69,6 +69,10 @@ func (u Upstream) TLSConfig(log *slog.Logger) (*tls.Config, error) {
 type Endpoint struct {
 	URL    string `yaml:"url"`
 	Region string `yaml:"region"` // overrides the region read from the host (ECR)
+	// FailoverOnly keeps the endpoint out of fetching blobs alongside the
+	// others: it is tried only once they all failed (one that costs money
+	// per byte, or whose content may lag).
+	FailoverOnly bool `yaml:"failover_only"`
 }
 
 // Auth is how an upstream authenticates. See the README for examples.

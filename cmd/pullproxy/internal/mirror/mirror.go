@@ -185,6 +185,9 @@ func NewRegistry(u config.Upstream, urls []string, log *slog.Logger, m *upstream
 		if e.Region != "" {
 			upOpts = append(upOpts, upstream.WithEndpointRegion(e.URL, e.Region))
 		}
+		if e.FailoverOnly {
+			upOpts = append(upOpts, upstream.WithFailoverOnly(e.URL))
+		}
 	}
 	// Canonical (docker.io for registry-1.docker.io, lower case): the
 	// store's keys, offline upstreams, pins and imports all use it.

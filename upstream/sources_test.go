@@ -1,0 +1,170 @@
+package upstream
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// sourcesConfig makes a blob many chunks, each connection carrying one.
+var sourcesConfig = FetchConfig{ConnectionBudget: 64 << 10, MinConnectionBudget: 64 << 10, MaxConnectionBudget: 64 << 10,
+	MaxConnections: 4, MaxAttempts: 3}
+
+// TestFetchBlobFromSeveralEndpoints: endpoints that share content fetch
+// chunks of one blob together; an endpoint that lacks the blob, or fails,
+// leaves it to the others without failing the fetch, and only a failing
+// one is left aside; one kept for failover only is asked for nothing while
+// the others bring the blob.
+func TestFetchBlobFromSeveralEndpoints(t *testing.T) {
+	t.Parallel()
+	blob := randomBlob(2 << 20)
+	d := digest.FromBytes(blob)
+	serving := func() *rangeServer { return &rangeServer{blob: blob} }
+	refusing := func(status int) *rangeServer {
+		return &rangeServer{blob: blob, refuse: func(int) int { return status }}
+	}
+	tests := []struct {
+		name     string
+		servers  []*rangeServer // nil: a closed port
+		failover []bool         // kept for failover only
+		brought  []bool         // which endpoints bring bytes
+		down     []bool         // which endpoints are left aside after
+	}{
+		{name: "two that share content: both bring bytes",
+			servers: []*rangeServer{serving(), serving()}, brought: []bool{true, true}, down: []bool{false, false}},
+		{name: "three: all bring bytes",
+			servers: []*rangeServer{serving(), serving(), serving()}, brought: []bool{true, true, true}, down: []bool{false, false, false}},
+		{name: "the first lacks the blob: the second brings it, and the first is not left aside",
+			servers: []*rangeServer{refusing(http.StatusNotFound), serving()}, brought: []bool{false, true}, down: []bool{false, false}},
+		{name: "the second fails: the first brings it, and the second is left aside",
+			servers: []*rangeServer{serving(), refusing(http.StatusServiceUnavailable)}, brought: []bool{true, false}, down: []bool{false, true}},
+		{name: "the second unreachable: the first brings it",
+			servers: []*rangeServer{serving(), nil}, brought: []bool{true, false}, down: []bool{false, true}},
+		{name: "the second kept for failover: asked for nothing",
+			servers: []*rangeServer{serving(), serving()}, failover: []bool{false, true}, brought: []bool{true, false}, down: []bool{false, false}},
+		{name: "the first down, the second kept for failover: the second brings it",
+			servers: []*rangeServer{nil, serving()}, failover: []bool{false, true}, brought: []bool{false, true}, down: []bool{true, false}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var urls []string
+			var opts []Option
+			for i, s := range tt.servers {
+				u := closedURL(t)
+				if s != nil {
+					srv := httptest.NewServer(s)
+					t.Cleanup(srv.Close)
+					u = srv.URL
+				}
+				urls = append(urls, u)
+				if len(tt.failover) > i && tt.failover[i] {
+					opts = append(opts, WithFailoverOnly(u))
+				}
+			}
+			r := newFetchRegistry(t, sourcesConfig, urls, opts...)
+			w := newMemBlobWriter(int64(len(blob)))
+			report, err := r.FetchBlob(t.Context(), "org/app", d, w)
+			if err != nil {
+				t.Fatalf("FetchBlob: %v", err)
+			}
+			checkBlob(t, w, blob)
+			var sum int64
+			brought := make([]bool, len(urls))
+			for _, s := range report.Sources {
+				sum += s.Bytes
+				brought[slices.Index(r.Endpoints(), s.Endpoint)] = true
+			}
+			if !slices.Equal(brought, tt.brought) {
+				t.Errorf("endpoints that brought bytes: got %v, want %v (report %+v)", brought, tt.brought, report.Sources)
+			}
+			if sum < int64(len(blob)) {
+				t.Errorf("sources brought %d bytes in all, fewer than the blob's %d", sum, len(blob))
+			}
+			if report.Endpoint != report.Sources[0].Endpoint {
+				t.Errorf("report's endpoint %q, not its first source's %q", report.Endpoint, report.Sources[0].Endpoint)
+			}
+			for i, st := range r.Status().Endpoints {
+				if got := !st.Up; got != tt.down[i] {
+					t.Errorf("endpoint %d left aside: got %v, want %v", i, got, tt.down[i])
+				}
+			}
+			for i, s := range tt.servers {
+				if s != nil && len(tt.failover) > i && tt.failover[i] && tt.brought[i] == false && len(s.all()) > 0 {
+					t.Errorf("endpoint %d, failover only, was asked %d requests while the others brought the blob", i, len(s.all()))
+				}
+			}
+		})
+	}
+}
+
+// TestFetchBlobSeveralEndpointsAllFail: when every endpoint fails, the
+// error says what each found, and is of their kind.
+func TestFetchBlobSeveralEndpointsAllFail(t *testing.T) {
+	t.Parallel()
+	blob := randomBlob(256 << 10)
+	var urls []string
+	for range 2 {
+		srv := httptest.NewServer(&rangeServer{blob: blob, refuse: func(int) int { return http.StatusNotFound }})
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	r := newFetchRegistry(t, sourcesConfig, urls)
+	_, err := r.FetchBlob(t.Context(), "org/app", digest.FromBytes(blob), newMemBlobWriter(int64(len(blob))))
+	if !errors.Is(err, ErrNotFound) {
+		t.Fatalf("got %v, want ErrNotFound", err)
+	}
+	for _, u := range urls {
+		if h := strings.TrimPrefix(u, "http://"); !strings.Contains(err.Error(), h) {
+			t.Errorf("error %q does not name endpoint %s", err, h)
+		}
+	}
+}
+
+// TestFetchBlobCorruptFromSeveral: a blob that failed verification with
+// bytes from several endpoints in it comes from one endpoint at a time
+// next, so that a failure names the one serving it corrupt; once that one
+// is reported alone, the other brings it.
+func TestFetchBlobCorruptFromSeveral(t *testing.T) {
+	t.Parallel()
+	blob := randomBlob(1 << 20)
+	corrupt := slices.Clone(blob)
+	corrupt[len(corrupt)-1] ^= 0xff
+	d := digest.FromBytes(blob)
+	servers := []*rangeServer{{blob: corrupt}, {blob: blob}}
+	var urls []string
+	for _, s := range servers {
+		srv := httptest.NewServer(s)
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	r := newFetchRegistry(t, sourcesConfig, urls)
+	cause := errors.New("digest mismatch")
+	r.ReportCorrupt(d, r.Endpoints(), cause)
+	for attempt, want := range []struct {
+		from int
+		blob []byte
+	}{{0, corrupt}, {1, blob}} {
+		before := [2]int{len(servers[0].all()), len(servers[1].all())}
+		w := newMemBlobWriter(int64(len(blob)))
+		report, err := r.FetchBlob(t.Context(), "org/app", d, w)
+		if err != nil {
+			t.Fatalf("attempt %d: %v", attempt+1, err)
+		}
+		checkBlob(t, w, want.blob)
+		if len(report.Sources) != 1 || report.Endpoint != r.Endpoints()[want.from] {
+			t.Fatalf("attempt %d: sources %+v, want endpoint %d alone", attempt+1, report.Sources, want.from)
+		}
+		if other := 1 - want.from; len(servers[other].all()) != before[other] {
+			t.Errorf("attempt %d: endpoint %d was asked too", attempt+1, other)
+		}
+		if !slices.Equal(want.blob, blob) {
+			r.ReportCorrupt(d, report.SourceEndpoints(), cause) // as the download does when the digest fails
+		}
+	}
+}
