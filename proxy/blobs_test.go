@@ -18,6 +18,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // TestColdBlobFetchedOnce: twenty clients asking for one cold blob at once
@@ -407,7 +408,8 @@ func TestCorruptEndpointFallsBackToNext(t *testing.T) {
 	bad, badSrv := newBlobServer(t, content)
 	bad.corrupt = true
 	good, goodSrv := newBlobServer(t, content)
-	e := &env{t: t, dir: t.TempDir(), upstream: badSrv, counter: &counter{counts: map[string]int{}}}
+	e := &env{t: t, dir: t.TempDir(), upstream: badSrv, counter: &counter{counts: map[string]int{}},
+		upOpts: []upstream.Option{upstream.WithFailoverOnly(goodSrv.URL)}}
 	e.start(badSrv.URL + "," + goodSrv.URL)
 	url := e.proxy.URL + "/v2/test/app/blobs/" + bad.digest.String() + "?ns=" + upstreamName
 
@@ -435,4 +437,50 @@ func TestCorruptEndpointFallsBackToNext(t *testing.T) {
 	if n := good.sent.Load(); bad.sent.Load() == 0 || n < int64(len(content)) || n >= 2*int64(len(content)) {
 		t.Errorf("bytes sent: corrupt endpoint %d, good endpoint %d; want some, and the blob once (with at most part of it again)", bad.sent.Load(), n)
 	}
+}
+
+// TestCorruptEndpointAmongSharing: of two endpoints that fetch a blob
+// together, one serves it corrupt. Which one is not known from a digest
+// over bytes from both: the blob then comes from one endpoint at a time,
+// until the failure names the corrupt one, which is kept from the blob, and
+// the other brings it. Clients asking again get the right bytes.
+func TestCorruptEndpointAmongSharing(t *testing.T) {
+	t.Parallel()
+	content := randomBytes(t, 4<<20)
+	bad, badSrv := newBlobServer(t, content)
+	bad.corrupt = true
+	good, goodSrv := newBlobServer(t, content)
+	e := &env{t: t, dir: t.TempDir(), upstream: badSrv, counter: &counter{counts: map[string]int{}}}
+	e.start(badSrv.URL + "," + goodSrv.URL)
+	path := "/v2/test/app/blobs/" + bad.digest.String() + "?ns=" + upstreamName
+	var attempts int
+	for attempts = 1; attempts <= 4; attempts++ {
+		// A request joined to an attempt that fails verification gets a
+		// short read (or a 502 when it failed before its answer began),
+		// and asks again, as containerd does.
+		resp, err := http.Get(e.proxy.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode == http.StatusOK {
+			if !bytes.Equal(body, content) {
+				t.Fatalf("request %d: a complete response with the wrong bytes", attempts)
+			}
+			break
+		}
+	}
+	if attempts > 4 {
+		t.Fatal("the blob was not served intact within four requests")
+	}
+	var corrupt []string
+	for _, c := range e.up.Status().Corrupt {
+		corrupt = append(corrupt, c.Endpoint)
+	}
+	if len(corrupt) != 1 || corrupt[0] != badSrv.URL {
+		t.Errorf("endpoints recorded as serving the blob corrupt: %v, want only %s", corrupt, badSrv.URL)
+	}
+	t.Logf("requests until served intact: %d; bytes sent: corrupt endpoint %d, good endpoint %d (the blob is %d)",
+		attempts, bad.sent.Load(), good.sent.Load(), len(content))
 }

@@ -107,6 +107,8 @@ type env struct {
 	srv      *Server
 	proxy    *liveProxy
 	registry *prometheus.Registry
+	upOpts   []upstream.Option // the upstream's, besides the test defaults
+	up       *upstream.Registry
 }
 
 // newEnv starts an in-process registry (go-containerregistry's) as the
@@ -137,8 +139,9 @@ func (e *env) start(upstreamURL string, opts ...Option) {
 		e.t.Fatal(err)
 	}
 	// Endpoints comma-separated; few attempts, so that giving up is quick.
-	up, err := upstream.New(upstreamName, strings.Split(upstreamURL, ","), upstream.WithLogger(testLog(e.t)),
-		upstream.WithFetchConfig(upstream.FetchConfig{MaxAttempts: 3}))
+	upOpts := append([]upstream.Option{upstream.WithLogger(testLog(e.t)),
+		upstream.WithFetchConfig(upstream.FetchConfig{MaxAttempts: 3})}, e.upOpts...)
+	up, err := upstream.New(upstreamName, strings.Split(upstreamURL, ","), upOpts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -148,7 +151,7 @@ func (e *env) start(upstreamURL string, opts ...Option) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	e.store, e.srv = st, srv
+	e.store, e.srv, e.up = st, srv, up
 	e.proxy = serveProxy(e.t, srv)
 	e.t.Cleanup(e.stop)
 }

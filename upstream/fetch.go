@@ -248,10 +248,11 @@ type blobFetch struct {
 	sources []*source
 
 	mu      sync.Mutex
-	planner plan.Planner  // the blob's chunks: claimed, in flight, hedged
-	sized   chan struct{} // while the size is unknown: closed when the chunk learning it is released
-	warned  bool          // the size disagreement was logged
-	stops   []error       // why the sources that stopped did, in turn
+	planner plan.Planner       // the blob's chunks: claimed, in flight, hedged
+	sized   chan struct{}      // while the size is unknown: closed when the chunk learning it is released
+	warned  bool               // the size disagreement was logged
+	stops   []error            // why the sources that stopped did, in turn
+	owners  map[uint64]*source // the source of each chunk in flight, by id
 
 	hedges       atomic.Int32  // chunks claimed again (see plan.Chunk.Hedge, Split): requests may race for the same bytes
 	size         atomic.Int64  // the blob's size once known, for left; 0: not yet
@@ -456,6 +457,35 @@ func (s *source) stop(err error) {
 	})
 }
 
+// givesWay reports whether source s is to leave the blob to the others
+// now: at least giveWayPct of its recent chunks were cut or went silent
+// (see health), twice the share of another source still fetching, or more.
+// Each of its chunks then costs a session, or a stall's wait and the bytes
+// the path swallowed, for what a sounder path brings at once. It gives way
+// without failing: it claims again once it is among the soundest left.
+func (s *source) givesWay(now time.Time) bool {
+	if len(s.sources) < 2 {
+		return false
+	}
+	n, pct := s.ep.health.cutShare(now)
+	if n < degradedMin || pct < giveWayPct {
+		return false
+	}
+	for _, o := range s.sources {
+		if o == s || o.isStopped() {
+			continue
+		}
+		if on, opct := o.ep.health.cutShare(now); on >= degradedMin && 2*opct <= pct {
+			return true
+		}
+	}
+	return false
+}
+
+// giveWayPct is the least share of its chunks cut or silent, in percent, at
+// which a source gives way to a sounder one: one in ten.
+const giveWayPct = 10
+
 func (s *source) isStopped() bool {
 	select {
 	case <-s.stopped:
@@ -567,6 +597,9 @@ func (s *source) worker(ctx context.Context, id int) error {
 	defer s.unwatch(id)
 	pipe := s.ep.pipe
 	for {
+		if s.givesWay(time.Now()) {
+			return nil
+		}
 		l, err := pipe.acquire(ctx, s)
 		if errors.Is(err, errFinished) {
 			return nil
@@ -737,10 +770,23 @@ func (s *source) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, bool
 	if c.Sizing {
 		f.sized = make(chan struct{})
 	}
+	if c.ID != 0 {
+		if f.owners == nil {
+			f.owners = map[uint64]*source{}
+		}
+		f.owners[c.ID] = s
+	}
 	switch {
 	case c.Hedge:
 		f.hedges.Add(1)
 		f.stats.chunk("hedged", "")
+		if o := f.owners[c.Of]; o != nil {
+			// Silent with nothing waiting in its socket: its path stalled,
+			// which its endpoint's health counts as it counts a cut, even
+			// when the request later gives way or is ended with the blob
+			// rather than timing out.
+			o.ep.health.chunk(now, true)
+		}
 	case c.Split:
 		f.hedges.Add(1)
 		f.stats.chunk("split", "")
@@ -788,6 +834,7 @@ func (f *blobFetch) release(c plan.Chunk) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.planner.Release(c)
+	delete(f.owners, c.ID)
 	if c.Sizing {
 		close(f.sized)
 	}

@@ -51,9 +51,19 @@ func (h *health) chunk(now time.Time, cut bool) {
 
 // degraded reports whether most recent chunks were cut, and the cut rate.
 func (h *health) degraded(now time.Time) (bool, int) {
+	n, pct := h.cutShare(now)
+	if n < degradedMin {
+		return false, 0
+	}
+	return pct >= degradedCutPct, pct
+}
+
+// cutShare returns how many chunk outcomes are recent, and the share of
+// them cut, in percent.
+func (h *health) cutShare(now time.Time) (n, pct int) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	n, cuts := 0, 0
+	cuts := 0
 	for _, o := range h.outcomes {
 		if !o.at.IsZero() && now.Sub(o.at) < healthWindow {
 			n++
@@ -62,11 +72,10 @@ func (h *health) degraded(now time.Time) (bool, int) {
 			}
 		}
 	}
-	if n < degradedMin {
-		return false, 0
+	if n == 0 {
+		return 0, 0
 	}
-	pct := cuts * 100 / n
-	return pct >= degradedCutPct, pct
+	return n, cuts * 100 / n
 }
 
 const (

@@ -125,9 +125,9 @@ func TestTagMissingOnReplica(t *testing.T) {
 }
 
 // TestDegradedEndpointShares: an endpoint most of whose chunks are cut (a
-// degraded path) keeps fetching blobs alongside a clean replica, at its own
-// pace, and is not left aside: every blob completes, the replica bringing
-// part of each.
+// degraded path) fetches blobs alongside a clean replica until its cuts are
+// counted, then gives way to it, without being left aside: every blob
+// completes, the replica bringing part of each.
 func TestDegradedEndpointShares(t *testing.T) {
 	t.Parallel()
 	var blobs [][]byte

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -166,5 +167,49 @@ func TestFetchBlobCorruptFromSeveral(t *testing.T) {
 		if !slices.Equal(want.blob, blob) {
 			r.ReportCorrupt(d, report.SourceEndpoints(), cause) // as the download does when the digest fails
 		}
+	}
+}
+
+// TestSourceGivesWay: a source gives way once a tenth of its recent chunks
+// or more were cut or went silent, twice the share of another source still
+// fetching; not with too few outcomes to judge, nor alone, nor to a source
+// as bad, nor to one that stopped.
+func TestSourceGivesWay(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	tests := []struct {
+		name         string
+		outcomes     [][2]int // per source: chunks, of which cut
+		stopped      []bool
+		wantGivesWay bool // the first source's
+	}{
+		{"alone", [][2]int{{20, 20}}, nil, false},
+		{"too few outcomes to judge", [][2]int{{7, 7}, {20, 0}}, nil, false},
+		{"the other too few to judge", [][2]int{{20, 20}, {7, 0}}, nil, false},
+		{"a tenth cut, the other none", [][2]int{{20, 2}, {20, 0}}, nil, true},
+		{"under a tenth cut", [][2]int{{20, 1}, {20, 0}}, nil, false},
+		{"half cut, the other a quarter", [][2]int{{20, 10}, {20, 5}}, nil, true},
+		{"half cut, the other nearly as bad", [][2]int{{20, 10}, {20, 6}}, nil, false},
+		{"the sound one stopped", [][2]int{{20, 10}, {20, 0}}, []bool{false, true}, false},
+		{"one of two others sound", [][2]int{{20, 10}, {20, 10}, {20, 0}}, nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := &blobFetch{}
+			for i, o := range tt.outcomes {
+				ep := &endpoint{}
+				for k := range o[0] {
+					ep.health.chunk(now.Add(-time.Duration(k)*time.Second), k < o[1])
+				}
+				s := &source{blobFetch: f, ep: ep, stopped: make(chan struct{})}
+				if len(tt.stopped) > i && tt.stopped[i] {
+					close(s.stopped)
+				}
+				f.sources = append(f.sources, s)
+			}
+			if got := f.sources[0].givesWay(now); got != tt.wantGivesWay {
+				t.Errorf("gives way: got %v, want %v", got, tt.wantGivesWay)
+			}
+		})
 	}
 }

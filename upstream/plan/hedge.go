@@ -56,7 +56,7 @@ func (p *Planner) hedge(now time.Time, w Written, wanted []int64, after time.Dur
 		}
 		s.hedged = true
 		ch := p.track(Chunk{Start: missing, End: s.end}, now)
-		ch.Hedge = true
+		ch.Hedge, ch.Of = true, s.id
 		return ch, true
 	}
 	return Chunk{}, false

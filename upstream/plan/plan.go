@@ -80,6 +80,7 @@ type Chunk struct {
 	ID         uint64 // its entry among the chunks in flight; 0: none (a stream)
 	Sizing     bool   // claimed while the blob's size is unknown: its answer tells it
 	Hedge      bool   // the rest of a silent chunk, claimed again
+	Of         uint64 // with Hedge: the id of the silent chunk
 	Split      bool   // the back of a slow chunk's rest, split off to a faster connection (see split)
 }
 
