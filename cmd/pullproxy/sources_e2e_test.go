@@ -120,6 +120,9 @@ fetch:
 				if received < layers {
 					t.Errorf("the endpoints brought %d bytes together, fewer than the layers' %d", received, layers)
 				}
+				if out, err := runPullproxy(ctx, t, "status", "--server", p.AdminURL); err != nil || strings.Count(out, "of the upstream's)") != 2 {
+					t.Errorf("pullproxy status: %v\n%s\nwant each endpoint's share of the bytes", err, out)
+				}
 			case "the second lacks a layer":
 				if !p.loggedWithin("an endpoint lacks a blob the others hold", 5*time.Second) {
 					t.Error("the log does not say the second endpoint lacked the layer")

@@ -55,8 +55,17 @@ func (d *doctorRun) path(ctx context.Context, name string) {
 			continue
 		}
 		d.corrupt(u.Corrupt, time.Now())
+		var received int64
+		for _, e := range u.Endpoints {
+			received += e.ReceivedBytes
+		}
 		for _, e := range u.Endpoints {
 			step := "path to " + e.URL
+			if len(u.Endpoints) > 1 && received > 0 {
+				// Endpoints sharing content fetch blobs together: each one's
+				// part says which paths carry the pulls.
+				step += fmt.Sprintf(" (%d%% of the upstream's blob bytes)", e.ReceivedBytes*100/received)
+			}
 			switch {
 			case e.RecentChunks < 8:
 				d.ok(step, fmt.Sprintf("%d chunks lately: too few to judge", e.RecentChunks))
