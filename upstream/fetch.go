@@ -288,9 +288,11 @@ func newBlobFetch(r *Registry, repo string, d digest.Digest, w content.Writer, s
 	for _, ep := range eps {
 		f.sources = append(f.sources, &source{blobFetch: f, ep: ep, workers: workers, stopped: make(chan struct{})})
 	}
-	stats.mu.Lock()
-	stats.endpoints += len(eps)
-	stats.mu.Unlock()
+	if stats != nil {
+		stats.mu.Lock()
+		stats.endpoints += len(eps)
+		stats.mu.Unlock()
+	}
 	return f
 }
 
