@@ -248,11 +248,10 @@ type blobFetch struct {
 	sources []*source
 
 	mu      sync.Mutex
-	planner plan.Planner       // the blob's chunks: claimed, in flight, hedged
-	sized   chan struct{}      // while the size is unknown: closed when the chunk learning it is released
-	warned  bool               // the size disagreement was logged
-	stops   []error            // why the sources that stopped did, in turn
-	owners  map[uint64]*source // the source of each chunk in flight, by id
+	planner plan.Planner  // the blob's chunks: claimed, in flight, hedged
+	sized   chan struct{} // while the size is unknown: closed when the chunk learning it is released
+	warned  bool          // the size disagreement was logged
+	stops   []error       // why the sources that stopped did, in turn
 
 	hedges       atomic.Int32  // chunks claimed again (see plan.Chunk.Hedge, Split): requests may race for the same bytes
 	size         atomic.Int64  // the blob's size once known, for left; 0: not yet
@@ -270,6 +269,7 @@ type source struct {
 	*blobFetch
 	ep       *endpoint
 	location atomic.Pointer[url.URL] // where the registry redirected blob GETs: reused until refused
+	index    int                     // in blobFetch.sources
 	workers  int                     // fetching chunks at once at most
 	failures int                     // attempts in a row without a new byte; under blobFetch.mu
 	brought  atomic.Int64            // bytes its chunks wrote
@@ -285,8 +285,8 @@ func newBlobFetch(r *Registry, repo string, d digest.Digest, w content.Writer, s
 	if r.fetch.ParallelChunks > 0 {
 		workers = min(workers, r.fetch.ParallelChunks)
 	}
-	for _, ep := range eps {
-		f.sources = append(f.sources, &source{blobFetch: f, ep: ep, workers: workers, stopped: make(chan struct{})})
+	for i, ep := range eps {
+		f.sources = append(f.sources, &source{blobFetch: f, ep: ep, index: i, workers: workers, stopped: make(chan struct{})})
 	}
 	if stats != nil {
 		stats.mu.Lock()
@@ -750,7 +750,7 @@ func (s *source) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, bool
 	if s.isStopped() {
 		return plan.Chunk{}, false, nil
 	}
-	src := plan.Source{Free: free, Workers: s.workers, HedgeAfter: s.hedgeAfter()}
+	src := plan.Source{Free: free, Workers: s.workers, HedgeAfter: s.hedgeAfter(), Index: s.index}
 	conn := plan.Conn{Size: how.size, Room: how.room, Several: how.several}
 	b := plan.Blob{Size: s.w.Size(), Written: s.w}
 	if len(s.sources) > 1 {
@@ -772,23 +772,15 @@ func (s *source) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, bool
 	if c.Sizing {
 		f.sized = make(chan struct{})
 	}
-	if c.ID != 0 {
-		if f.owners == nil {
-			f.owners = map[uint64]*source{}
-		}
-		f.owners[c.ID] = s
-	}
 	switch {
 	case c.Hedge:
 		f.hedges.Add(1)
 		f.stats.chunk("hedged", "")
-		if o := f.owners[c.Of]; o != nil {
-			// Silent with nothing waiting in its socket: its path stalled,
-			// which its endpoint's health counts as it counts a cut, even
-			// when the request later gives way or is ended with the blob
-			// rather than timing out.
-			o.ep.health.chunk(now, true)
-		}
+		// The hedged chunk was silent with nothing waiting in its socket:
+		// its path stalled, which its endpoint's health counts as it counts
+		// a cut, even when the request later gives way or is ended with the
+		// blob rather than timing out.
+		f.sources[c.OfSource].ep.health.chunk(now, true)
 	case c.Split:
 		f.hedges.Add(1)
 		f.stats.chunk("split", "")
@@ -836,7 +828,6 @@ func (f *blobFetch) release(c plan.Chunk) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.planner.Release(c)
-	delete(f.owners, c.ID)
 	if c.Sizing {
 		close(f.sized)
 	}

@@ -30,7 +30,8 @@ func HedgeAfter(first, stall time.Duration) time.Duration {
 // request ends as soon as it finds the bytes it would write next already
 // written (see Overtaken). Bytes the silent request received but still
 // holds for a larger write are asked for again.
-func (p *Planner) hedge(now time.Time, w Written, wanted []int64, after time.Duration) (Chunk, bool) {
+func (p *Planner) hedge(now time.Time, w Written, wanted []int64, src Source) (Chunk, bool) {
+	after := src.HedgeAfter
 	for i := range p.inflight {
 		s := &p.inflight[i]
 		if s.hedged || wanted != nil && !s.holdsAny(wanted) {
@@ -55,8 +56,8 @@ func (p *Planner) hedge(now time.Time, w Written, wanted []int64, after time.Dur
 			continue
 		}
 		s.hedged = true
-		ch := p.track(Chunk{Start: missing, End: s.end}, now)
-		ch.Hedge, ch.Of = true, s.id
+		ch := p.track(Chunk{Start: missing, End: s.end}, src, now)
+		ch.Hedge, ch.OfSource = true, s.source
 		return ch, true
 	}
 	return Chunk{}, false

@@ -56,6 +56,9 @@ type Source struct {
 	// HedgeAfter is how long one of its chunks may bring nothing before
 	// its rest is claimed again (see HedgeAfter).
 	HedgeAfter time.Duration
+	// Index tells the blob's sources apart: a hedge names the silent
+	// chunk's (Chunk.OfSource).
+	Index int
 }
 
 // Conn is what the planner knows of the connection a claim is for.
@@ -80,7 +83,7 @@ type Chunk struct {
 	ID         uint64 // its entry among the chunks in flight; 0: none (a stream)
 	Sizing     bool   // claimed while the blob's size is unknown: its answer tells it
 	Hedge      bool   // the rest of a silent chunk, claimed again
-	Of         uint64 // with Hedge: the id of the silent chunk
+	OfSource   int    // with Hedge: the Source.Index of the silent chunk
 	Split      bool   // the back of a slow chunk's rest, split off to a faster connection (see split)
 }
 
@@ -118,6 +121,7 @@ type Planner struct {
 type flight struct {
 	start, end int64
 	id         uint64
+	source     int // the Source.Index it was claimed for
 	claimedAt  time.Time
 	seen       int64     // its first missing byte when last looked at
 	seenAt     time.Time // when seen or read last moved (or the chunk was claimed)
@@ -147,7 +151,7 @@ func (p *Planner) Claim(now time.Time, b Blob, src Source, c Conn) (Chunk, Outco
 		p.sizing = true
 		// Claimed like any chunk: the size is known as soon as its answer
 		// comes, and a worker that claims then must not ask for it again.
-		ch := p.track(Chunk{Start: 0, End: c.Size}, now)
+		ch := p.track(Chunk{Start: 0, End: c.Size}, src, now)
 		ch.Sizing = true
 		return ch, Claimed
 	case p.noRange:
@@ -166,7 +170,7 @@ func (p *Planner) Claim(now time.Time, b Blob, src Source, c Conn) (Chunk, Outco
 		// now, not at the blob's end: the client reads in order, so
 		// everything after it waits too, until stall_timeout ends its
 		// connection.
-		if ch, ok := p.hedge(now, b.Written, b.Wanted, src.HedgeAfter); ok {
+		if ch, ok := p.hedge(now, b.Written, b.Wanted, src); ok {
 			return ch, Claimed
 		}
 	}
@@ -183,13 +187,13 @@ claiming:
 					break claiming // the faster connections bring the rest sooner
 				}
 			}
-			return p.track(ch, now), Claimed
+			return p.track(ch, src, now), Claimed
 		}
 	}
 	if ch, ok := p.split(now, b, src, c); ok {
 		return ch, Claimed
 	}
-	if ch, ok := p.hedge(now, b.Written, nil, src.HedgeAfter); ok {
+	if ch, ok := p.hedge(now, b.Written, nil, src); ok {
 		return ch, Claimed
 	}
 	return Chunk{}, None
@@ -197,10 +201,11 @@ claiming:
 
 // track enters ch, just claimed, among the chunks in flight under a new id,
 // and returns it with that id.
-func (p *Planner) track(ch Chunk, now time.Time) Chunk {
+func (p *Planner) track(ch Chunk, src Source, now time.Time) Chunk {
 	p.lastID++
 	ch.ID = p.lastID
-	p.inflight = append(p.inflight, flight{start: ch.Start, end: ch.End, id: ch.ID, claimedAt: now, seen: ch.Start, seenAt: now})
+	p.inflight = append(p.inflight, flight{start: ch.Start, end: ch.End, id: ch.ID, source: src.Index,
+		claimedAt: now, seen: ch.Start, seenAt: now})
 	return ch
 }
 

@@ -243,7 +243,7 @@ func TestClaimNearTheEnd(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var p Planner
 			for _, s := range tt.inflight {
-				p.track(Chunk{Start: s.start, End: s.end}, t0)
+				p.track(Chunk{Start: s.start, End: s.end}, Source{}, t0)
 			}
 			s := Source{Free: tt.free, Workers: cmp.Or(tt.workers, 64), HedgeAfter: MinHedge}
 			c, got := p.Claim(t0, blob(prefix(tt.size, tt.written)), s, Conn{Size: mib, Room: cmp.Or(tt.room, mib), Several: tt.several})

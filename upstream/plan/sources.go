@@ -82,7 +82,7 @@ func (p *Planner) split(now time.Time, b Blob, src Source, c Conn) (Chunk, bool)
 	}
 	back := Chunk{Start: at, End: s.end, Split: true}
 	s.end = at
-	ch := p.track(back, now)
+	ch := p.track(back, src, now)
 	ch.Split = true
 	return ch, true
 }
