@@ -13,6 +13,8 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/internal/spans"
 )
 
 // A download's progress is recorded, so that after a crash or a restart it
@@ -214,7 +216,7 @@ func (p *Partial) progress(durable bool) (snapshot, error) {
 	rec.Size = p.size
 	rec.Done = make([][2]int64, 0, len(p.done))
 	for _, s := range p.done {
-		rec.Done = append(rec.Done, [2]int64{s.start, s.end})
+		rec.Done = append(rec.Done, [2]int64{s.Start, s.End})
 	}
 	p.seq++
 	rec.Seq = p.seq
@@ -258,12 +260,12 @@ func (s *Store) resume(ctx context.Context, d digest.Digest, size int64) (*Parti
 	if !ok || u.UnmarshalBinary(rec.HashState) != nil {
 		return fail("its hash state cannot be restored")
 	}
-	var done spans
+	var done spans.Set
 	for _, r := range rec.Done {
-		done.add(r[0], r[1])
+		done.Add(r[0], r[1])
 	}
-	if rec.Hashed < 0 || rec.Hashed > done.contiguous(0) {
-		return fail(fmt.Sprintf("its hash covers %d bytes, only %d are recorded as written", rec.Hashed, done.contiguous(0)))
+	if rec.Hashed < 0 || rec.Hashed > done.Contiguous(0) {
+		return fail(fmt.Sprintf("its hash covers %d bytes, only %d are recorded as written", rec.Hashed, done.Contiguous(0)))
 	}
 	p := newPartial(s, d, f)
 	p.size, p.hasher, p.done = rec.Size, h, done
@@ -282,7 +284,7 @@ func (s *Store) resume(ctx context.Context, d digest.Digest, size int64) (*Parti
 	if rec.Boot != "" {
 		from = "this boot's progress"
 	}
-	s.log.Info("resuming a partial download", "digest", d, "size", rec.Size, "have", p.done.total(), "from", from)
+	s.log.Info("resuming a partial download", "digest", d, "size", rec.Size, "have", p.done.Total(), "from", from)
 	return p, true
 }
 

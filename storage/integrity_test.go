@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/internal/spans"
 )
 
 // openDir opens the store in dir; the caller closes it.
@@ -240,11 +242,11 @@ func checkRecord(t *testing.T, s *Store, p *Partial) {
 		return
 	}
 	rec, _ = s.laterProgress(p.f, rec)
-	var done spans
+	var done spans.Set
 	for _, r := range rec.Done {
-		done.add(r[0], r[1])
+		done.Add(r[0], r[1])
 	}
-	if prefix := done.contiguous(0); rec.Hashed > prefix {
+	if prefix := done.Contiguous(0); rec.Hashed > prefix {
 		t.Errorf("checkpoint %d of %s: hashed up to %d, want at most the %d contiguous bytes it records", rec.Seq, p.digest, rec.Hashed, prefix)
 	}
 }

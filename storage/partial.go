@@ -16,6 +16,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/pullproxy/pullproxy/internal/spans"
 	"github.com/pullproxy/pullproxy/storage/content"
 )
 
@@ -38,8 +39,8 @@ type Partial struct {
 
 	mu        sync.Mutex
 	size      int64         // -1 until known
-	done      spans         // in the file; never written again
-	writing   spans         // claimed by a WriteAt under way, not yet done
+	done      spans.Set     // in the file; never written again
+	writing   spans.Set     // claimed by a WriteAt under way, not yet done
 	started   bool          // a WriteAt of this Partial has put or found its bytes in the file
 	changed   chan struct{} // closed and replaced on a change, if watched
 	watched   bool          // a waiter holds changed
@@ -192,7 +193,7 @@ func (p *Partial) SetSize(n int64) error {
 // dealt with that way.
 func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
 	end := off + int64(len(b))
-	var buf [4]span // gaps without an allocation, in the usual case of one
+	var buf [4]spans.Span // gaps without an allocation, in the usual case of one
 	p.mu.Lock()
 	size := p.size
 	if size >= 0 && end > size {
@@ -202,10 +203,10 @@ func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
 	gaps := p.claimLocked(buf[:0], off, end)
 	p.mu.Unlock()
 	for i, g := range gaps {
-		n, err := p.writeSpan(b[g.start-off:g.end-off], g.start)
+		n, err := p.writeSpan(b[g.Start-off:g.End-off], g.Start)
 		if err != nil {
 			p.release(gaps[i+1:])
-			return int(g.start-off) + n, err
+			return int(g.Start-off) + n, err
 		}
 	}
 	return len(b), nil
@@ -214,23 +215,23 @@ func (p *Partial) WriteAt(b []byte, off int64) (int, error) {
 // claimLocked appends to dst the parts of [start, end) neither done nor
 // being written, and marks them as being written by the caller. Called with
 // mu held.
-func (p *Partial) claimLocked(dst []span, start, end int64) []span {
+func (p *Partial) claimLocked(dst []spans.Span, start, end int64) []spans.Span {
 	from := len(dst)
 	for off := start; off < end; {
-		a, z := p.done.gap(off, end)
+		a, z := p.done.Gap(off, end)
 		if a >= z {
 			break
 		}
-		dst = p.writing.gaps(dst, a, z)
+		dst = p.writing.Gaps(dst, a, z)
 		off = z
 	}
 	for _, g := range dst[from:] {
-		p.writing.add(g.start, g.end)
+		p.writing.Add(g.Start, g.End)
 	}
 	if len(dst) == from && start < end && !p.started {
 		// Nothing to write: if it is all in the file already (a resumed
 		// download's upstream sending bytes it has), the upstream answered.
-		if a, z := p.done.gap(start, end); a >= z {
+		if a, z := p.done.Gap(start, end); a >= z {
 			p.started = true
 			p.notifyLocked()
 		}
@@ -240,13 +241,13 @@ func (p *Partial) claimLocked(dst []span, start, end int64) []span {
 
 // release gives up claims on spans that were not written, so they are
 // missing again.
-func (p *Partial) release(gaps []span) {
+func (p *Partial) release(gaps []spans.Span) {
 	if len(gaps) == 0 {
 		return
 	}
 	p.mu.Lock()
 	for _, g := range gaps {
-		p.writing.remove(g.start, g.end)
+		p.writing.Remove(g.Start, g.End)
 	}
 	p.mu.Unlock()
 }
@@ -258,9 +259,9 @@ func (p *Partial) release(gaps []span) {
 func (p *Partial) writeSpan(b []byte, off int64) (int, error) {
 	n, err := p.f.WriteAt(b, off)
 	p.mu.Lock()
-	p.writing.remove(off, off+int64(len(b)))
+	p.writing.Remove(off, off+int64(len(b)))
 	if n > 0 {
-		p.done.add(off, off+int64(n))
+		p.done.Add(off, off+int64(n))
 		if !p.started || p.feedsWaiterLocked(off) {
 			p.notifyLocked()
 		}
@@ -338,7 +339,7 @@ func (p *Partial) Missing(off int64) (start, end int64) {
 	if p.size < 0 {
 		return off, off
 	}
-	return p.done.gap(off, p.size)
+	return p.done.Gap(off, p.size)
 }
 
 // Wanted returns the offsets readers are waiting at, ascending, so that a
@@ -358,7 +359,7 @@ func (p *Partial) Wanted() []int64 {
 func (p *Partial) Written() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.done.contiguous(0)
+	return p.done.Contiguous(0)
 }
 
 // Commit verifies the download (every byte written, digest matching) and
@@ -423,7 +424,7 @@ func (p *Partial) unhashed() int64 {
 
 func (p *Partial) verify() error {
 	p.mu.Lock()
-	size, prefix := p.size, p.done.contiguous(0)
+	size, prefix := p.size, p.done.Contiguous(0)
 	p.mu.Unlock()
 	if size < 0 || prefix != size {
 		return fmt.Errorf("committing %s: %d of %d bytes written: %w", p.digest, prefix, size, ErrSizeMismatch)
@@ -641,7 +642,7 @@ func (p *Partial) feedsWaiterLocked(off int64) bool {
 	if len(p.wanted) == 0 || p.size < 0 {
 		return false
 	}
-	start, end := p.done.covering(off)
+	start, end := p.done.Covering(off)
 	end = min(end, p.size-HoldBack)
 	for _, w := range p.wanted {
 		if start <= w && w < end {
@@ -659,7 +660,7 @@ func (p *Partial) availableLocked(off int64) int64 {
 		return p.size - off
 	}
 	limit := p.size - HoldBack
-	end := min(p.done.contiguous(off), limit)
+	end := min(p.done.Contiguous(off), limit)
 	return max(end-off, 0)
 }
 

@@ -1128,3 +1128,6 @@ func TestPartialWaitStartedWakes(t *testing.T) {
 		})
 	}
 }
+
+// span is a byte range [start, end) the tests write.
+type span struct{ start, end int64 }
