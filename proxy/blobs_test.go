@@ -180,8 +180,11 @@ func (b *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	content := b.content
 	if b.corrupt {
+		// A byte in every 64 KiB: every range of a chunk's size is wrong.
 		content = bytes.Clone(content)
-		content[len(content)/2] ^= 0xff
+		for i := min(len(content)/2, 32<<10); i < len(content); i += 64 << 10 {
+			content[i] ^= 0xff
+		}
 	}
 	var out io.Writer = &sentCounter{w: w, n: &b.sent}
 	if cut := b.cut.Load(); cut > 0 {
@@ -440,47 +443,78 @@ func TestCorruptEndpointFallsBackToNext(t *testing.T) {
 }
 
 // TestCorruptEndpointAmongSharing: of two endpoints that fetch a blob
-// together, one serves it corrupt. Which one is not known from a digest
-// over bytes from both: the blob then comes from one endpoint at a time,
-// until the failure names the corrupt one, which is kept from the blob, and
-// the other brings it. Clients asking again get the right bytes.
+// together, one serves it corrupt, first or second in the configuration.
+// Which one is not known from a digest over bytes from both: the ranges of
+// the one that brought fewer are fetched again from the other, keeping the
+// rest, until the digest matches or the failure names the corrupt one. It
+// is kept from the blob; clients asking again get the right bytes.
 func TestCorruptEndpointAmongSharing(t *testing.T) {
 	t.Parallel()
-	content := randomBytes(t, 4<<20)
-	bad, badSrv := newBlobServer(t, content)
-	bad.corrupt = true
-	good, goodSrv := newBlobServer(t, content)
-	e := &env{t: t, dir: t.TempDir(), upstream: badSrv, counter: &counter{counts: map[string]int{}}}
-	e.start(badSrv.URL + "," + goodSrv.URL)
-	path := "/v2/test/app/blobs/" + bad.digest.String() + "?ns=" + upstreamName
-	var attempts int
-	for attempts = 1; attempts <= 4; attempts++ {
-		// A request joined to an attempt that fails verification gets a
-		// short read (or a 502 when it failed before its answer began),
-		// and asks again, as containerd does.
-		resp, err := http.Get(e.proxy.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, err := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if err == nil && resp.StatusCode == http.StatusOK {
-			if !bytes.Equal(body, content) {
-				t.Fatalf("request %d: a complete response with the wrong bytes", attempts)
+	for _, tc := range []struct {
+		badFirst bool
+		core     bool // through the mirror core's EnsureBlob, not HTTP
+	}{{true, false}, {false, false}, {true, true}} {
+		badFirst := tc.badFirst
+		t.Run(fmt.Sprintf("corrupt endpoint first: %v, core: %v", badFirst, tc.core), func(t *testing.T) {
+			t.Parallel()
+			content := randomBytes(t, 4<<20)
+			bad, badSrv := newBlobServer(t, content)
+			bad.corrupt = true
+			good, goodSrv := newBlobServer(t, content)
+			e := &env{t: t, dir: t.TempDir(), upstream: badSrv, counter: &counter{counts: map[string]int{}}}
+			if badFirst {
+				e.start(badSrv.URL + "," + goodSrv.URL)
+			} else {
+				e.start(goodSrv.URL + "," + badSrv.URL)
 			}
-			break
-		}
+			path := "/v2/test/app/blobs/" + bad.digest.String() + "?ns=" + upstreamName
+			var attempts int
+			if tc.core {
+				// A Go caller waits through the attempts, in one call; the
+				// request below then finds the blob stored.
+				var landed int64
+				size, err := e.srv.EnsureBlob(t.Context(), upstreamName, "test/app", bad.digest, func(n int64) { landed += n })
+				if err != nil || size != int64(len(content)) || landed != size {
+					t.Fatalf("EnsureBlob: %d bytes, %d landed, %v; want %d, each byte landed once", size, landed, err, len(content))
+				}
+			}
+			for attempts = 1; attempts <= 4; attempts++ {
+				// A request joined to an attempt that fails verification gets a
+				// short read (or a 502 when it failed before its answer began),
+				// and asks again, as containerd does.
+				resp, err := http.Get(e.proxy.URL + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err == nil && resp.StatusCode == http.StatusOK {
+					if !bytes.Equal(body, content) {
+						t.Fatalf("request %d: a complete response with the wrong bytes", attempts)
+					}
+					break
+				}
+			}
+			if attempts > 4 {
+				t.Fatal("the blob was not served intact within four requests")
+			}
+			// The verified download names the suspect just after serving
+			// the blob's end.
+			var corrupt []string
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				corrupt = corrupt[:0]
+				for _, c := range e.up.Status().Corrupt {
+					corrupt = append(corrupt, c.Endpoint)
+				}
+				if len(corrupt) > 0 || time.Now().After(deadline) {
+					break
+				}
+			}
+			if len(corrupt) != 1 || corrupt[0] != badSrv.URL {
+				t.Errorf("endpoints recorded as serving the blob corrupt: %v, want only %s", corrupt, badSrv.URL)
+			}
+			t.Logf("requests until served intact: %d; bytes sent: corrupt endpoint %d, good endpoint %d (the blob is %d)",
+				attempts, bad.sent.Load(), good.sent.Load(), len(content))
+		})
 	}
-	if attempts > 4 {
-		t.Fatal("the blob was not served intact within four requests")
-	}
-	var corrupt []string
-	for _, c := range e.up.Status().Corrupt {
-		corrupt = append(corrupt, c.Endpoint)
-	}
-	if len(corrupt) != 1 || corrupt[0] != badSrv.URL {
-		t.Errorf("endpoints recorded as serving the blob corrupt: %v, want only %s", corrupt, badSrv.URL)
-	}
-	t.Logf("requests until served intact: %d; bytes sent: corrupt endpoint %d, good endpoint %d (the blob is %d)",
-		attempts, bad.sent.Load(), good.sent.Load(), len(content))
 }

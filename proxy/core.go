@@ -12,6 +12,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -87,7 +88,10 @@ func (s *Server) EnsureBlob(ctx context.Context, upstreamName, repo string, d di
 		return 0, err
 	}
 	// A download that verified is committing while its waiters wake: the
-	// next look finds it stored, or its join says so (errStored).
+	// next look finds it stored, or its join says so (errStored). One that
+	// failed verification is started again at once (from another
+	// endpoint, or the suspect's ranges from the others), and is joined.
+	progress := landedOnce{landed: landed}
 	for range 4 {
 		size, err := s.blobs.StatBlob(ctx, d)
 		switch v, err := s.blobAllowed(ctx, rt, false, err, true); v {
@@ -103,7 +107,11 @@ func (s *Server) EnsureBlob(ctx context.Context, upstreamName, repo string, d di
 		if err != nil {
 			return 0, err
 		}
-		if err := waitLanded(ctx, p, landed); err != nil {
+		err = waitLanded(ctx, p, progress.attempt())
+		if errors.Is(err, storage.ErrDigestMismatch) && s.downloads.has(d) {
+			continue
+		}
+		if err != nil {
 			return 0, err
 		}
 		if own {
@@ -111,6 +119,31 @@ func (s *Server) EnsureBlob(ctx context.Context, upstreamName, repo string, d di
 		}
 	}
 	return 0, fmt.Errorf("blob %s: committed but not found in the store", d)
+}
+
+// landedOnce tells landed of a download's bytes as they land, each once
+// across attempts: an attempt started again lands from byte 0.
+type landedOnce struct {
+	landed    func(n int64)
+	told, off int64
+}
+
+// attempt returns what a new attempt's bytes are told to, nil when nobody
+// listens.
+func (l *landedOnce) attempt() func(int64) {
+	if l.landed == nil {
+		return nil
+	}
+	l.off = 0
+	return l.add
+}
+
+func (l *landedOnce) add(n int64) {
+	l.off += n
+	if l.off > l.told {
+		l.landed(l.off - l.told)
+		l.told = l.off
+	}
 }
 
 // waitLanded waits until every byte of the download p has landed and the

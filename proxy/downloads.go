@@ -13,6 +13,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/pullproxy/pullproxy/internal/spans"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/storage/content"
@@ -173,9 +174,28 @@ func (t *downloads) run(rt route, dl *download) {
 		err = fetch(ctx)
 	}
 	served := report.Endpoint
+	reported := false  // the mismatch was reported to the upstream
+	var redo spans.Set // what is fetched again, the rest being kept
 	switch {
 	case err == nil:
-		err = p.Commit(ctx) // fails, and discards the bytes, on a digest mismatch
+		err = p.Verify()
+		if errors.Is(err, storage.ErrDigestMismatch) && !errors.Is(err, storage.ErrChangedOnDisk) && !shared.FromBucket() && served != "" {
+			// The upstream remembers, and asks the endpoint to blame no
+			// more for d; with bytes from several, it names the ranges of
+			// the one it suspects.
+			redo, reported = rt.up.ReportCorrupt(d, report, err), true
+		}
+		switch {
+		case err == nil:
+			err = p.Commit(ctx)
+		case len(redo) > 0:
+			if rerr := p.Retract(redo, err); rerr != nil {
+				log.Warn("blob failed verification, and its other bytes could not be kept: fetching it whole again", "err", rerr)
+				redo = nil
+			}
+		default:
+			p.Fail(err)
+		}
 	case keepPartial(err):
 		p.Abandon(err) // the next download of d resumes from here
 	default:
@@ -203,17 +223,18 @@ func (t *downloads) run(rt route, dl *download) {
 	if badShared {
 		return
 	}
-	if errors.Is(err, storage.ErrDigestMismatch) && !errors.Is(err, storage.ErrChangedOnDisk) && served != "" {
-		// The upstream remembers, and asks that endpoint no more for d.
-		rt.up.ReportCorrupt(d, report.SourceEndpoints(), err)
-		if len(rt.up.Endpoints()) > 1 {
-			// Another endpoint may hold it intact. Clients of this attempt
-			// got a short read; when they ask again they join the new download.
+	if reported && len(rt.up.Endpoints()) > 1 {
+		// Another endpoint may hold it intact. Clients of this attempt
+		// got a short read; when they ask again they join the new download.
+		if len(redo) > 0 {
+			log.Warn("blob failed verification: fetching the ranges of the endpoint suspected again from the others, keeping the rest",
+				"err", err, "sources", report.SourceEndpoints(), "refetch_bytes", redo.Total(), "kept_bytes", p.Size()-redo.Total())
+		} else {
 			log.Warn("blob failed verification: fetching it again, from another endpoint or one at a time", "err", err,
 				"corrupt_at", report.SourceEndpoints())
-			t.restart(rt, d)
-			return
 		}
+		t.restart(rt, d)
+		return
 	}
 	if err != nil {
 		t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "failed").Inc()
@@ -226,7 +247,7 @@ func (t *downloads) run(rt route, dl *download) {
 	}
 	if served != "" {
 		// The endpoint serves d intact (again): it is asked for d freely.
-		rt.up.ReportVerified(d, report.SourceEndpoints())
+		rt.up.ReportVerified(d, report)
 	}
 	t.srv.addMember(ctx, rt, d)
 	t.srv.metrics.fetches.WithLabelValues(rt.up.Name(), "committed").Inc()
@@ -314,6 +335,13 @@ func (t *downloads) running() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.m)
+}
+
+// has reports whether a download of d is in progress.
+func (t *downloads) has(d digest.Digest) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.m[d] != nil
 }
 
 // lookup returns the running download of d, if any, without starting one,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/pullproxy/pullproxy/internal/spans"
 	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream"
 )
@@ -61,6 +62,8 @@ func (o offlineUpstream) FetchBlob(ctx context.Context, repo string, d digest.Di
 	return upstream.FetchReport{}, o.miss(repo, "blob "+d.String())
 }
 
-func (o offlineUpstream) ReportCorrupt(d digest.Digest, endpoints []string, cause error) {}
+func (o offlineUpstream) ReportCorrupt(d digest.Digest, rep upstream.FetchReport, cause error) []spans.Span {
+	return nil
+}
 
-func (o offlineUpstream) ReportVerified(d digest.Digest, endpoints []string) {}
+func (o offlineUpstream) ReportVerified(d digest.Digest, rep upstream.FetchReport) {}

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/pullproxy/pullproxy/internal/spans"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/storage/content"
@@ -46,12 +47,13 @@ type Upstream interface {
 	// FetchBlob writes a blob into w and reports how: the endpoint that
 	// served it, chunks, cuts.
 	FetchBlob(ctx context.Context, repo string, d digest.Digest, w content.Writer) (upstream.FetchReport, error)
-	// ReportCorrupt says that the blob endpoints served (its fetch
-	// report's sources) failed verification.
-	ReportCorrupt(d digest.Digest, endpoints []string, cause error)
-	// ReportVerified says that the blob endpoints served verified:
-	// whatever they served corrupt before is forgotten.
-	ReportVerified(d digest.Digest, endpoints []string)
+	// ReportCorrupt says that the blob fetched as rep says failed
+	// verification, and returns the ranges to fetch again, keeping the
+	// rest (nil: discard it whole).
+	ReportCorrupt(d digest.Digest, rep upstream.FetchReport, cause error) []spans.Span
+	// ReportVerified says that the blob fetched as rep says verified:
+	// whatever its endpoints served corrupt before is forgotten.
+	ReportVerified(d digest.Digest, rep upstream.FetchReport)
 	// Endpoints lists the URLs serving the upstream, in the order they are tried.
 	Endpoints() []string
 }

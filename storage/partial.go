@@ -422,6 +422,12 @@ func (p *Partial) unhashed() int64 {
 	return p.Written() - p.hashed.Load()
 }
 
+// Verify checks, without committing, that every byte is in and that they
+// hash to the digest. A mismatch leaves the download as it is, for its
+// owner to Retract the bytes it suspects, or Fail it; Commit verifies
+// again, at no cost beyond a stat when nothing changed.
+func (p *Partial) Verify() error { return p.verify() }
+
 func (p *Partial) verify() error {
 	p.mu.Lock()
 	size, prefix := p.size, p.done.Contiguous(0)
@@ -474,6 +480,7 @@ func (p *Partial) checkResumedPrefix() error {
 		return fmt.Errorf("committing %s: bytes 0-%d changed on disk since they were hashed before the restart (%d bytes read back): %w: %w",
 			p.digest, p.resumedHashed-1, n, ErrDigestMismatch, ErrChangedOnDisk)
 	}
+	p.resumedHashed = 0 // checked: Commit after Verify reads it no more
 	return nil
 }
 
@@ -485,6 +492,12 @@ func (p *Partial) Fail(err error) {
 		return
 	}
 	p.background.Wait()
+	p.discard()
+}
+
+// discard removes an ended download's bytes and progress: none is handed
+// out any more.
+func (p *Partial) discard() {
 	p.mu.Lock()
 	p.discarded = true
 	p.mu.Unlock()
@@ -493,6 +506,37 @@ func (p *Partial) Fail(err error) {
 	if rmErr := os.Remove(p.path); rmErr != nil && !errors.Is(rmErr, fs.ErrNotExist) {
 		p.store.log.Warn("removing failed download", "path", p.path, "err", rmErr)
 	}
+}
+
+// Retract ends the download as Abandon does, but without the bytes in drop:
+// they failed verification, or may have (the digest did not match, and
+// they came from the endpoint suspected). Waiting readers get cause, since
+// they may hold bytes from drop. The next NewPartial of the digest resumes
+// from the rest and fetches drop again; its hash starts over, as the
+// running hash covers bytes dropped, and Commit hashes the file anew. When
+// the progress cannot be recorded the download is failed instead, and the
+// error says why.
+func (p *Partial) Retract(drop []spans.Span, cause error) error {
+	if !p.end(cause) {
+		return fmt.Errorf("retracting bytes of %s: the download has ended", p.digest)
+	}
+	p.background.Wait()
+	p.hashMu.Lock()
+	p.mu.Lock()
+	for _, s := range drop {
+		p.done.Remove(s.Start, s.End)
+	}
+	p.hasher = p.digest.Algorithm().Hash()
+	p.hashed.Store(0)
+	p.resumedHashed, p.resumedSum = 0, nil
+	p.mu.Unlock()
+	p.hashMu.Unlock()
+	if err := p.checkpoint(true); err != nil {
+		p.discard()
+		return fmt.Errorf("retracting bytes of %s: recording what is kept: %w", p.digest, err)
+	}
+	p.f.Close()
+	return nil
 }
 
 // Abandon ends the download but keeps its bytes for the next one: waiting

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/internal/spans"
 )
 
 // newPartial starts a download in s and abandons it when the test ends unless
@@ -324,6 +326,108 @@ func TestPartialCommitDigestMismatch(t *testing.T) {
 			if _, err := s.Blob(ctx, d); !errors.Is(err, ErrNotFound) {
 				t.Errorf("Blob after the failure: got %v, want %v", err, ErrNotFound)
 			}
+		})
+	}
+}
+
+// TestPartialRetract: a download whose digest failed keeps every byte but
+// those retracted: its readers end with the cause (they may hold retracted
+// bytes), and the next download of the digest resumes with exactly the
+// retracted spans missing and commits once they are written right. The
+// running hash starts over: the bytes it had covered included bad ones.
+func TestPartialRetract(t *testing.T) {
+	t.Parallel()
+	s := openStore(t)
+	const size = 5 * HoldBack
+	for i, tc := range []struct {
+		name string
+		bad  span   // written wrong
+		drop []span // retracted
+		kept bool   // the retracted spans cover the bad bytes: the resumed download commits
+	}{
+		{"the bad span", span{HoldBack, 2 * HoldBack}, []span{{HoldBack, 2 * HoldBack}}, true},
+		{"spans around the bad one", span{HoldBack + 10, HoldBack + 20}, []span{{0, 100}, {HoldBack, 2 * HoldBack}, {4 * HoldBack, size}}, true},
+		{"the first byte", span{0, 1}, []span{{0, 1000}}, true},
+		{"another span than the bad one", span{HoldBack, 2 * HoldBack}, []span{{3 * HoldBack, 4 * HoldBack}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			want := randomBytes(uint64(700+i), size)
+			d := digest.FromBytes(want)
+			got := bytes.Clone(want)
+			for j := tc.bad.start; j < tc.bad.end; j++ {
+				got[j] ^= 0xa5
+			}
+			p, err := s.NewPartial(ctx, d, size)
+			if err != nil {
+				t.Fatalf("NewPartial: %v", err)
+			}
+			writeSpans(t, p, got, chunks(size, 40000))
+			waiter := make(chan error, 1)
+			go func() {
+				_, err := p.WaitAvailable(ctx, size-HoldBack)
+				waiter <- err
+			}()
+			err = p.Verify()
+			if !errors.Is(err, ErrDigestMismatch) {
+				t.Fatalf("Verify: got %v, want %v", err, ErrDigestMismatch)
+			}
+			if err := p.Err(); err != nil {
+				t.Fatalf("Err() after a failed Verify: got %v, want nil: the owner decides", err)
+			}
+			var drop []spans.Span
+			for _, sp := range tc.drop {
+				drop = append(drop, spans.Span{Start: sp.start, End: sp.end})
+			}
+			if err := p.Retract(drop, err); err != nil {
+				t.Fatalf("Retract: %v", err)
+			}
+			if err := <-waiter; !errors.Is(err, ErrDigestMismatch) {
+				t.Errorf("reader waiting for the held-back bytes: got %v, want %v", err, ErrDigestMismatch)
+			}
+			if err := p.Retract(drop, err); err == nil {
+				t.Errorf("Retract of an ended download: got nil, want an error")
+			}
+
+			q, err := s.NewPartial(ctx, d, size)
+			if err != nil {
+				t.Fatalf("NewPartial after Retract: %v", err)
+			}
+			t.Cleanup(func() { q.Fail(nil) })
+			var missing []span
+			for off := int64(0); ; {
+				a, z := q.Missing(off)
+				if a >= z {
+					break
+				}
+				missing = append(missing, span{a, z})
+				off = z
+			}
+			var wantMissing spans.Set
+			for _, sp := range tc.drop {
+				wantMissing.Add(sp.start, sp.end)
+			}
+			if len(missing) != len(wantMissing) {
+				t.Fatalf("missing after resuming: got %v, want %v", missing, wantMissing)
+			}
+			for j, m := range missing {
+				if m.start != wantMissing[j].Start || m.end != wantMissing[j].End {
+					t.Fatalf("missing after resuming: got %v, want %v", missing, wantMissing)
+				}
+			}
+			writeSpans(t, q, want, missing)
+			err = q.Commit(ctx)
+			if !tc.kept {
+				if !errors.Is(err, ErrDigestMismatch) {
+					t.Fatalf("Commit with the bad bytes kept: got %v, want %v", err, ErrDigestMismatch)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Commit after writing the retracted spans again: %v", err)
+			}
+			checkStored(t, s, d, want)
 		})
 	}
 }

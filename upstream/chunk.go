@@ -122,6 +122,7 @@ func (s *source) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how chun
 		defer conn.expect(0)
 	}
 	n, dropped, err := s.copyBody(ctx, resp.Body, start, end, resp.StatusCode == http.StatusPartialContent, ahead)
+	s.covered(start, start+n)
 	// A stream restarted from byte 0 re-sends bytes already held: only those
 	// past the chunk's start are progress.
 	fresh := max(0, start+n-c.Start)
@@ -352,6 +353,19 @@ func (w *warmup) check(ctx context.Context, received, rest int64, elapsed time.D
 	if w.s.unclaimed() {
 		w.s.r.dialer.prewarm(ctx, w.key, w.s.r.fetch.FirstByteTimeout)
 	}
+}
+
+// covered records that an answer of s covered [start, end) of the blob:
+// the evidence of which endpoint brought which bytes, should the blob fail
+// verification (see SourceShare.Spans). One entry per chunk, merged with
+// the one before when the chunks follow each other.
+func (s *source) covered(start, end int64) {
+	if start >= end {
+		return
+	}
+	s.wroteMu.Lock()
+	s.wrote.Add(start, end)
+	s.wroteMu.Unlock()
 }
 
 // errStore marks a failure to store bytes, as opposed to receiving them.

@@ -998,7 +998,7 @@ func TestFetchBlobAvoidsCorruptEndpoints(t *testing.T) {
 			r := newFetchRegistry(t, FetchConfig{}, []string{s1.URL, s2.URL}, WithFailoverOnly(s2.URL))
 			d := digest.FromBytes(blob)
 			for _, i := range tt.reported {
-				r.ReportCorrupt(d, []string{r.Endpoints()[i]}, cause)
+				r.ReportCorrupt(d, fetchedFrom(r.Endpoints()[i]), cause)
 			}
 			w := newMemBlobWriter(-1)
 			report, err := r.FetchBlob(t.Context(), "org/app", d, w)

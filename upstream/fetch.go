@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/pullproxy/pullproxy/internal/spans"
 	"github.com/pullproxy/pullproxy/storage/content"
 	"github.com/pullproxy/pullproxy/upstream/plan"
 )
@@ -138,6 +140,11 @@ func (r FetchReport) SourceEndpoints() []string {
 type SourceShare struct {
 	Endpoint string // as Endpoints names it
 	Bytes    int64  // written by its chunks
+	// Spans are the byte ranges its answers covered: every byte it wrote,
+	// and bytes another wrote first (a hedge, a stream resent from byte 0).
+	// They are what is fetched again from the others when the blob fails
+	// verification and the endpoint is suspected (see ReportCorrupt).
+	Spans spans.Set
 }
 
 // fetchStats accumulates a FetchReport across a blob's workers and endpoints.
@@ -152,7 +159,8 @@ type fetchStats struct {
 	overtaken int64
 	abandoned int64
 	splits    int64
-	shares    map[string]int64 // bytes by endpoint, of endpoints tried before the last
+	shares    map[string]int64     // bytes by endpoint, of endpoints tried before the last
+	spans     map[string]spans.Set // the ranges their answers covered, by endpoint
 }
 
 func (s *fetchStats) chunk(result, cutKind string) {
@@ -198,12 +206,22 @@ func (s *fetchStats) add(sources []*source) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, src := range sources {
-		if n := src.brought.Load(); n > 0 {
-			if s.shares == nil {
-				s.shares = map[string]int64{}
-			}
-			s.shares[src.ep.url.Redacted()] += n
+		n := src.brought.Load()
+		if n == 0 {
+			continue
 		}
+		if s.shares == nil {
+			s.shares, s.spans = map[string]int64{}, map[string]spans.Set{}
+		}
+		ep := src.ep.url.Redacted()
+		s.shares[ep] += n
+		src.wroteMu.Lock()
+		set := s.spans[ep]
+		for _, sp := range src.wrote {
+			set.Add(sp.Start, sp.End)
+		}
+		src.wroteMu.Unlock()
+		s.spans[ep] = set
 	}
 }
 
@@ -222,7 +240,7 @@ func (s *fetchStats) report(sources []*source) FetchReport {
 		return rep
 	}
 	for ep, n := range s.shares {
-		rep.Sources = append(rep.Sources, SourceShare{Endpoint: ep, Bytes: n})
+		rep.Sources = append(rep.Sources, SourceShare{Endpoint: ep, Bytes: n, Spans: s.spans[ep]})
 	}
 	slices.SortFunc(rep.Sources, func(a, b SourceShare) int {
 		return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), cmp.Compare(a.Endpoint, b.Endpoint))
@@ -273,7 +291,9 @@ type source struct {
 	workers  int                     // fetching chunks at once at most
 	failures int                     // attempts in a row without a new byte; under blobFetch.mu
 	brought  atomic.Int64            // bytes its chunks wrote
-	stopped  chan struct{}           // closed when the source gives up (see stop)
+	wroteMu  sync.Mutex
+	wrote    spans.Set     // the bytes its answers covered: those it wrote, and any it found written
+	stopped  chan struct{} // closed when the source gives up (see stop)
 	stopOnce sync.Once
 	ctx      context.Context    // its workers'
 	cancel   context.CancelFunc // ends its workers' requests when it stops

@@ -26,6 +26,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pullproxy/pullproxy/internal/spans"
 )
 
 // Blob fetch test helpers.
@@ -33,32 +35,14 @@ import (
 // byteRange is the half-open byte range [start, end).
 type byteRange struct{ start, end int64 }
 
-// addRange inserts [start, end) into rs, a sorted set of disjoint ranges,
-// merging it with the ranges it touches.
-func addRange(rs []byteRange, start, end int64) []byteRange {
-	if start >= end {
-		return rs
-	}
-	out := make([]byteRange, 0, len(rs)+1)
-	i := 0
-	for ; i < len(rs) && rs[i].end < start; i++ {
-		out = append(out, rs[i])
-	}
-	for ; i < len(rs) && rs[i].start <= end; i++ {
-		start, end = min(start, rs[i].start), max(end, rs[i].end)
-	}
-	out = append(out, byteRange{start, end})
-	return append(out, rs[i:]...)
-}
-
 // memBlobWriter is an in-memory content.Writer that keeps track of the ranges
 // written, as storage.Partial does.
 type memBlobWriter struct {
 	mu     sync.Mutex
 	size   int64
 	data   []byte
-	done   []byteRange // written
-	wanted []int64     // what Wanted returns
+	done   spans.Set // written
+	wanted []int64   // what Wanted returns
 }
 
 func newMemBlobWriter(size int64) *memBlobWriter { return &memBlobWriter{size: size} }
@@ -85,7 +69,7 @@ func (w *memBlobWriter) WriteAt(p []byte, off int64) (int, error) {
 		w.data = slices.Grow(w.data, int(end)-len(w.data))[:end]
 	}
 	copy(w.data[off:], p)
-	w.done = addRange(w.done, off, end)
+	w.done.Add(off, end)
 	return len(p), nil
 }
 
@@ -108,28 +92,24 @@ func (w *memBlobWriter) SetSize(n int64) error {
 	return nil
 }
 
-// Missing has the semantics of storage's spans.gap.
+// Missing has the semantics of storage.Partial's.
 func (w *memBlobWriter) Missing(off int64) (int64, int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.size < 0 {
 		return off, off
 	}
-	start := off
-	for _, x := range w.done {
-		if x.end <= start {
-			continue
-		}
-		if x.start <= start {
-			start = x.end
-			continue
-		}
-		return start, min(x.start, w.size)
+	return w.done.Gap(off, w.size)
+}
+
+// retract makes the ranges in drop missing again, as
+// storage.Partial.Retract does for the next download.
+func (w *memBlobWriter) retract(drop []spans.Span) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, sp := range drop {
+		w.done.Remove(sp.Start, sp.End)
 	}
-	if start >= w.size {
-		return w.size, w.size
-	}
-	return start, w.size
 }
 
 func (w *memBlobWriter) Wanted() []int64 {
@@ -145,12 +125,7 @@ func (w *memBlobWriter) Written() int64 {
 	return w.written()
 }
 
-func (w *memBlobWriter) written() int64 {
-	if len(w.done) == 0 || w.done[0].start > 0 {
-		return 0
-	}
-	return w.done[0].end
-}
+func (w *memBlobWriter) written() int64 { return w.done.Contiguous(0) }
 
 // Bytes returns the contiguous prefix written.
 func (w *memBlobWriter) Bytes() []byte {
@@ -381,10 +356,11 @@ func checkChunksFrom(t *testing.T, gets []served, have, size, budget int64) {
 		}
 		asked = append(asked, byteRange{start, end})
 	}
-	covered := addRange(nil, 0, have)
+	var covered spans.Set
+	covered.Add(0, have)
 	for i, g := range gets {
 		d := g.delivered()
-		covered = addRange(covered, d.start, min(d.end, size))
+		covered.Add(d.start, min(d.end, size))
 		for j, a := range asked[i+1:] {
 			j += i + 1
 			sentBefore := g.finished != 0 && gets[j].arrived > g.finished
@@ -394,7 +370,7 @@ func checkChunksFrom(t *testing.T, gets []served, have, size, budget int64) {
 			}
 		}
 	}
-	if want := []byteRange{{0, size}}; size > 0 && !slices.Equal(covered, want) {
+	if want := (spans.Set{{Start: 0, End: size}}); size > 0 && !slices.Equal(covered, want) {
 		t.Errorf("bytes delivered: got %v, want %v", covered, want)
 	}
 }

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -128,9 +129,10 @@ func TestFetchBlobSeveralEndpointsAllFail(t *testing.T) {
 }
 
 // TestFetchBlobCorruptFromSeveral: a blob that failed verification with
-// bytes from several endpoints in it comes from one endpoint at a time
-// next, so that a failure names the one serving it corrupt; once that one
-// is reported alone, the other brings it.
+// bytes from several endpoints in it, and no endpoint to suspect (the
+// report names no ranges), comes from one endpoint at a time next, so that
+// a failure names the one serving it corrupt; once that one is reported
+// alone, the other brings it.
 func TestFetchBlobCorruptFromSeveral(t *testing.T) {
 	t.Parallel()
 	blob := randomBlob(1 << 20)
@@ -146,7 +148,7 @@ func TestFetchBlobCorruptFromSeveral(t *testing.T) {
 	}
 	r := newFetchRegistry(t, sourcesConfig, urls)
 	cause := errors.New("digest mismatch")
-	r.ReportCorrupt(d, r.Endpoints(), cause)
+	r.ReportCorrupt(d, fetchedFrom(r.Endpoints()...), cause)
 	for attempt, want := range []struct {
 		from int
 		blob []byte
@@ -165,8 +167,63 @@ func TestFetchBlobCorruptFromSeveral(t *testing.T) {
 			t.Errorf("attempt %d: endpoint %d was asked too", attempt+1, other)
 		}
 		if !slices.Equal(want.blob, blob) {
-			r.ReportCorrupt(d, report.SourceEndpoints(), cause) // as the download does when the digest fails
+			r.ReportCorrupt(d, report, cause) // as the download does when the digest fails
 		}
+	}
+}
+
+// TestFetchBlobSuspectRefetched: a blob that failed verification with
+// bytes from two endpoints, one serving it corrupt throughout, keeps the
+// bytes but the suspect's ranges, which the next fetch brings from the
+// other alone; the rounds end with the blob intact and the corrupt
+// endpoint, and only it, kept from the blob.
+func TestFetchBlobSuspectRefetched(t *testing.T) {
+	t.Parallel()
+	blob := randomBlob(1 << 20)
+	corrupt := slices.Clone(blob)
+	for i := range corrupt {
+		corrupt[i] ^= 0x5a
+	}
+	d := digest.FromBytes(blob)
+	servers := []*rangeServer{{blob: corrupt}, {blob: blob}}
+	var urls []string
+	for _, s := range servers {
+		srv := httptest.NewServer(s)
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	r := newFetchRegistry(t, sourcesConfig, urls)
+	w := newMemBlobWriter(int64(len(blob)))
+	cause := errors.New("digest mismatch")
+	for round := 1; ; round++ {
+		if round > 3 {
+			t.Fatal("the blob did not verify within three fetches")
+		}
+		suspect := r.corrupt.suspected(d, r.now())
+		before := [2]int{len(servers[0].all()), len(servers[1].all())}
+		report, err := r.FetchBlob(t.Context(), "org/app", d, w)
+		if err != nil {
+			t.Fatalf("fetch %d: %v", round, err)
+		}
+		for i, u := range urls {
+			if u == suspect && len(servers[i].all()) != before[i] {
+				t.Errorf("fetch %d: the suspect, endpoint %d, was asked", round, i)
+			}
+		}
+		if bytes.Equal(w.Bytes(), blob) {
+			r.ReportVerified(d, report)
+			break
+		}
+		redo := r.ReportCorrupt(d, report, cause) // as the download does when the digest fails
+		if len(redo) == 0 {
+			w = newMemBlobWriter(int64(len(blob))) // discarded whole
+			continue
+		}
+		w.retract(redo)
+	}
+	st := r.Status().Corrupt
+	if len(st) != 1 || st[0].Endpoint != urls[0] {
+		t.Errorf("kept from the blob: got %+v, want endpoint 0 alone", st)
 	}
 }
 

@@ -38,9 +38,11 @@ func (l *lackingUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // containerd pulls it through pullproxy, chunks of its layers coming from
 // both. When the second lacks a layer, the first brings that one and the second
 // is not left aside. When the first serves a layer corrupt, a pull that
-// fails on it is made again, as kubelet does, and gets the image; status
-// then names the first, and only it, as serving that layer corrupt (unless
-// the second brought the whole layer, and the first pull got the image).
+// fails on it is made again, as kubelet does, and gets the image; the
+// layer's bytes the second brought are kept, the first's fetched again from
+// the second; status then names the first, and only it, as serving that
+// layer corrupt (unless the second brought the whole layer, and the first
+// pull got the image).
 func TestContainerdPullsFromSeveralRegistries(t *testing.T) {
 	ok, reason := containerdtest.Available()
 	requireTool(t, ok, reason)
@@ -133,6 +135,11 @@ fetch:
 				want := []string{strings.TrimSuffix(first.URL(), "/") + " " + layer.String()}
 				if pulls > 1 && (len(corrupt) != 1 || corrupt[0] != want[0]) {
 					t.Errorf("blobs served corrupt, by endpoint: %v, want %v", corrupt, want)
+				}
+				// The bytes the second brought stay: only the first's
+				// ranges are fetched again.
+				if pulls > 1 && !p.loggedWithin("keeping the rest", 5*time.Second) {
+					t.Error("the log does not say the layer's other bytes were kept")
 				}
 				t.Logf("pulls until the image came: %d", pulls)
 			}

@@ -38,9 +38,9 @@ func TestForgetHandler(t *testing.T) {
 	two := newForgetUpstream(t, "two.test", "https://a.two.test")
 	bad, other := digest.FromString("pushed again"), digest.FromString("still corrupt")
 	cause := errors.New("the bytes received hash to sha256:0000")
-	one.ReportCorrupt(bad, []string{one.Endpoints()[1]}, cause)
-	two.ReportCorrupt(bad, []string{two.Endpoints()[0]}, cause)
-	one.ReportCorrupt(other, []string{one.Endpoints()[0]}, cause)
+	one.ReportCorrupt(bad, upstream.FetchReport{Sources: []upstream.SourceShare{{Endpoint: one.Endpoints()[1]}}}, cause)
+	two.ReportCorrupt(bad, upstream.FetchReport{Sources: []upstream.SourceShare{{Endpoint: two.Endpoints()[0]}}}, cause)
+	one.ReportCorrupt(other, upstream.FetchReport{Sources: []upstream.SourceShare{{Endpoint: one.Endpoints()[0]}}}, cause)
 	srv := httptest.NewServer(forgetHandler([]*upstream.Registry{one, two}, slog.New(slog.DiscardHandler)))
 	t.Cleanup(srv.Close)
 	// A TCP admin endpoint's client sends the token from its file.
