@@ -55,6 +55,7 @@ func (s *source) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how chun
 	}
 	chunks := s.ep.chunks
 	resp, op, err := s.open(ctx, l, c)
+	s.heard()
 	if err != nil {
 		chunks.WithLabelValues("failed").Inc()
 		s.stats.chunk("failed", "")
@@ -159,7 +160,7 @@ func (s *source) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how chun
 		kind := cutKind(err)
 		chunks.WithLabelValues("cut").Inc()
 		s.stats.chunk("cut", kind)
-		s.ep.health.chunk(time.Now(), true)
+		s.ep.health.chunk(time.Now(), true, fresh, max(0, end-start-n))
 		// Where the session died: the bytes it carried in all, chunks
 		// before this one, handshake and headers included, as the carrier
 		// counts them. A chunk that died before its first byte is no
@@ -200,7 +201,7 @@ func (s *source) fetchChunk(ctx context.Context, l *lane, c plan.Chunk, how chun
 	}
 	chunks.WithLabelValues("complete").Inc()
 	s.stats.chunk("complete", "")
-	s.ep.health.chunk(time.Now(), false)
+	s.ep.health.chunk(time.Now(), false, fresh, 0)
 	switch {
 	case conn == nil:
 	case c.Open || resp.StatusCode != http.StatusPartialContent:

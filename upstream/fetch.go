@@ -294,9 +294,14 @@ type source struct {
 	wroteMu  sync.Mutex
 	wrote    spans.Set     // the bytes its answers covered: those it wrote, and any it found written
 	stopped  chan struct{} // closed when the source gives up (see stop)
-	stopOnce sync.Once
-	ctx      context.Context    // its workers'
-	cancel   context.CancelFunc // ends its workers' requests when it stops
+	// answered, when the source scouts (see scout), is closed once its
+	// first request was answered or given up; nil: no scouting.
+	answered   chan struct{}
+	scoutTaken atomic.Bool // a worker went first
+	heardOnce  sync.Once
+	stopOnce   sync.Once
+	ctx        context.Context    // its workers'
+	cancel     context.CancelFunc // ends its workers' requests when it stops
 }
 
 func newBlobFetch(r *Registry, repo string, d digest.Digest, w content.Writer, stats *fetchStats, eps []*endpoint) *blobFetch {
@@ -374,6 +379,11 @@ func (f *blobFetch) run(ctx context.Context) error {
 	}
 	if !f.live() {
 		return f.failure()
+	}
+	for _, s := range f.sources {
+		if len(f.sources) > 1 && s.ep.pipe.pathRoundTrip() == 0 {
+			s.answered = make(chan struct{})
+		}
 	}
 	for {
 		var wg sync.WaitGroup
@@ -480,16 +490,19 @@ func (s *source) stop(err error) {
 }
 
 // givesWay reports whether source s is to leave the blob to the others
-// now: at least giveWayPct of its recent chunks were cut or went silent
-// (see health), twice the share of another source still fetching, or more.
-// Each of its chunks then costs a session, or a stall's wait and the bytes
-// the path swallowed, for what a sounder path brings at once. It gives way
+// now: at least giveWayPct of the bytes its recent chunks asked for were
+// lost to cuts and stalls (see health.lossShare), twice another still
+// fetching source's share or more. Those bytes are what its path swallowed,
+// or may have: a carrier bills them, and a stall swallows what its request
+// had on the way. A path that cuts its sessions late, near the budget,
+// loses little, and keeps fetching at its pace; one whose sessions stall
+// early in their requests loses about as much as it brings. It gives way
 // without failing: it claims again once it is among the soundest left.
 func (s *source) givesWay(now time.Time) bool {
 	if len(s.sources) < 2 {
 		return false
 	}
-	n, pct := s.ep.health.cutShare(now)
+	n, pct := s.ep.health.lossShare(now)
 	if n < degradedMin || pct < giveWayPct {
 		return false
 	}
@@ -497,15 +510,16 @@ func (s *source) givesWay(now time.Time) bool {
 		if o == s || o.isStopped() {
 			continue
 		}
-		if on, opct := o.ep.health.cutShare(now); on >= degradedMin && 2*opct <= pct {
+		if on, opct := o.ep.health.lossShare(now); on >= degradedMin && 2*opct <= pct {
 			return true
 		}
 	}
 	return false
 }
 
-// giveWayPct is the least share of its chunks cut or silent, in percent, at
-// which a source gives way to a sounder one: one in ten.
+// giveWayPct is the least share of the bytes its chunks asked for lost to
+// cuts, in percent, at which a source gives way to a sounder one: one in
+// ten.
 const giveWayPct = 10
 
 func (s *source) isStopped() bool {
@@ -612,11 +626,52 @@ func SizeMismatchMessage(d digest.Digest, claimed, declared int64) string {
 		"if they fail the digest check, the upstream copy is corrupt: delete and re-push it", d, claimed, declared)
 }
 
+// scout holds a worker of s until its endpoint's first request is
+// answered, when s scouts: one of several sources whose path's round trip
+// is not known yet (an endpoint asked for blobs only, never for
+// manifests). One worker's request goes first; its answer tells the
+// round trip, by which the pipe sets its start (see pipe.judgeStart), as
+// the manifests' do for the first endpoint. Without it every worker's
+// request would go out at once, the initial limit's worth: on a path that
+// stalls, each swallowing what it had on the way. The others fetch
+// meanwhile. It reports whether the worker is the one to go first, and
+// false in ok when it is to end.
+func (s *source) scout(ctx context.Context) (first, ok bool) {
+	if s.answered == nil || s.scoutTaken.CompareAndSwap(false, true) {
+		return s.answered != nil, true
+	}
+	select {
+	case <-s.answered:
+		return false, true
+	case <-s.finished:
+	case <-s.stopped:
+	case <-ctx.Done():
+	}
+	return false, false
+}
+
+// heard records that s's first request was answered, or given up: the
+// workers held by scout go, and the pipe judges the path's start.
+func (s *source) heard() {
+	if s.answered == nil {
+		return
+	}
+	s.heardOnce.Do(func() {
+		s.ep.pipe.judgeStart()
+		close(s.answered)
+	})
+}
+
 // worker fetches chunks until none is left to claim. It claims a chunk only
 // once the pipe gives it a lane, so that the chunk is the one most wanted at
 // the time its request goes out, sized to the lane's connection.
 func (s *source) worker(ctx context.Context, id int) error {
 	defer s.unwatch(id)
+	if first, ok := s.scout(ctx); !ok {
+		return ctx.Err()
+	} else if first {
+		defer s.heard() // should it end before a request was answered
+	}
 	pipe := s.ep.pipe
 	for {
 		if s.givesWay(time.Now()) {
@@ -628,6 +683,14 @@ func (s *source) worker(ctx context.Context, id int) error {
 		}
 		if err != nil {
 			return err
+		}
+		if s.givesWay(time.Now()) {
+			// Judged again with the lane in hand: a wait for it can be
+			// long, and many workers may be let through at once (a stall
+			// lifting the limit), each to claim a chunk on the path that
+			// made the others sounder meanwhile.
+			pipe.release(s, l, 0)
+			return nil
 		}
 		how := l.plan(s.ep, s.target())
 		c, ok, wait := s.claim(time.Now(), how, pipe.free())
@@ -800,7 +863,7 @@ func (s *source) claim(now time.Time, how chunkPlan, free int) (plan.Chunk, bool
 		// its path stalled, which its endpoint's health counts as it counts
 		// a cut, even when the request later gives way or is ended with the
 		// blob rather than timing out.
-		f.sources[c.OfSource].ep.health.chunk(now, true)
+		f.sources[c.OfSource].ep.health.chunk(now, true, 0, c.End-c.Start)
 	case c.Split:
 		f.hedges.Add(1)
 		f.stats.chunk("split", "")

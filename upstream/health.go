@@ -30,8 +30,10 @@ type health struct {
 }
 
 type outcome struct {
-	at  time.Time
-	cut bool
+	at   time.Time
+	cut  bool
+	lost int64 // what a cut chunk's request asked for and did not bring
+	got  int64 // what the chunk brought
 }
 
 const (
@@ -41,10 +43,11 @@ const (
 	degradedCutPct = 30
 )
 
-// chunk records a chunk's outcome.
-func (h *health) chunk(now time.Time, cut bool) {
+// chunk records a chunk's outcome: cut or not, the bytes it brought, and
+// those its request asked for that it did not bring.
+func (h *health) chunk(now time.Time, cut bool, got, lost int64) {
 	h.mu.Lock()
-	h.outcomes[h.next] = outcome{at: now, cut: cut}
+	h.outcomes[h.next] = outcome{at: now, cut: cut, got: got, lost: lost}
 	h.next = (h.next + 1) % healthSamples
 	h.mu.Unlock()
 }
@@ -76,6 +79,27 @@ func (h *health) cutShare(now time.Time) (n, pct int) {
 		return 0, 0
 	}
 	return n, cuts * 100 / n
+}
+
+// lossShare returns how many chunk outcomes are recent, and the share of
+// the bytes their requests asked for that cuts lost, in percent: what
+// sessions cut or stalled left on the path, which a carrier bills all the
+// same (a stall swallows what the request had on the way).
+func (h *health) lossShare(now time.Time) (n, pct int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var got, lost int64
+	for _, o := range h.outcomes {
+		if !o.at.IsZero() && now.Sub(o.at) < healthWindow {
+			n++
+			got += o.got
+			lost += o.lost
+		}
+	}
+	if got+lost == 0 {
+		return n, 0
+	}
+	return n, int(lost * 100 / (got + lost))
 }
 
 const (

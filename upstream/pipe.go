@@ -88,6 +88,7 @@ type pipe struct {
 	trimming   bool          // the path was found full: fewer connections are tried while it stays full
 	fullRate   float64       // with trimming: the goodput of the full path, which fewer connections must keep
 	failedAt   time.Time     // the last cut, stall or 429/503: no trimming for staleRate after
+	judged     bool          // the path's start was judged by its round trip (see acquire)
 	shortTried bool          // the limit went straight to minTrimmed once
 	untrimmed  int           // the limit before trimming took it lower; 0: not trimmed
 	holdUntil  time.Time     // no growth before
@@ -100,6 +101,41 @@ type pipeWaiter struct {
 	ready   chan struct{}
 	granted bool
 	lane    *lane // with granted
+}
+
+// judgeStart sets the limit by the path's round trip, as before the
+// endpoint's first chunk (see acquire), for an endpoint whose round trip
+// was not known then: one asked for blobs only, whose first chunk went
+// alone (see source.scout).
+func (p *pipe) judgeStart() {
+	p.mu.Lock()
+	logged := p.judgeStartLocked()
+	p.mu.Unlock()
+	logged()
+}
+
+// judgeStartLocked judges the path's start once, when its round trip is
+// known: a short path starts low, a long one at the ceiling. It returns
+// what logs the change, to be called without the lock.
+func (p *pipe) judgeStartLocked() func() {
+	from := p.limit
+	if p.judged || p.pathRoundTrip() == 0 {
+		return func() {}
+	}
+	p.judged = true
+	why := ""
+	switch {
+	case p.startShortLocked():
+		why = "a short path: starting with fewer connections"
+	case p.startLongLocked():
+		why = "a long path: starting with more connections"
+	default:
+		return func() {}
+	}
+	to, rt := p.limit, p.pathRoundTrip()
+	return func() {
+		p.log.Debug("chunk connection limit changed", "from", from, "to", to, "why", why, "round_trip", rt)
+	}
 }
 
 const (
@@ -159,18 +195,8 @@ func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, fligh
 // returns errFinished, without a lane, once owner's blob is complete.
 func (p *pipe) acquire(ctx context.Context, owner *source) (*lane, error) {
 	p.mu.Lock()
-	if from := p.limit; p.winStart.IsZero() {
-		why := ""
-		switch {
-		case p.startShortLocked():
-			why = "a short path: starting with fewer connections"
-		case p.startLongLocked():
-			why = "a long path: starting with more connections"
-		}
-		if why != "" {
-			// Logged on the way out, the lock released.
-			defer p.log.Debug("chunk connection limit changed", "from", from, "to", p.limit, "why", why, "round_trip", p.pathRoundTrip())
-		}
+	if p.winStart.IsZero() {
+		defer p.judgeStartLocked()() // logged on the way out, the lock released
 	}
 	if p.inflight < p.limit && len(p.waiters) == 0 {
 		l := p.grantLocked(owner)

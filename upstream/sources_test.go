@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -227,36 +228,49 @@ func TestFetchBlobSuspectRefetched(t *testing.T) {
 	}
 }
 
-// TestSourceGivesWay: a source gives way once a tenth of its recent chunks
-// or more were cut or went silent, twice the share of another source still
-// fetching; not with too few outcomes to judge, nor alone, nor to a source
-// as bad, nor to one that stopped.
+// TestSourceGivesWay: a source gives way once a tenth of the bytes its
+// recent chunks asked for or more were lost to cuts, twice the share of
+// another source still fetching; not with too few outcomes to judge, nor
+// alone, nor to a source as bad, nor to one that stopped; a path cut often
+// but late in each request, losing little, does not.
 func TestSourceGivesWay(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
+	const chunk = 1 << 20
 	tests := []struct {
 		name         string
 		outcomes     [][2]int // per source: chunks, of which cut
 		stopped      []bool
-		wantGivesWay bool // the first source's
+		lostOfCut    []int64 // per source: what a cut chunk lost of its MiB; half where not given
+		wantGivesWay bool    // the first source's
 	}{
-		{"alone", [][2]int{{20, 20}}, nil, false},
-		{"too few outcomes to judge", [][2]int{{7, 7}, {20, 0}}, nil, false},
-		{"the other too few to judge", [][2]int{{20, 20}, {7, 0}}, nil, false},
-		{"a tenth cut, the other none", [][2]int{{20, 2}, {20, 0}}, nil, true},
-		{"under a tenth cut", [][2]int{{20, 1}, {20, 0}}, nil, false},
-		{"half cut, the other a quarter", [][2]int{{20, 10}, {20, 5}}, nil, true},
-		{"half cut, the other nearly as bad", [][2]int{{20, 10}, {20, 6}}, nil, false},
-		{"the sound one stopped", [][2]int{{20, 10}, {20, 0}}, []bool{false, true}, false},
-		{"one of two others sound", [][2]int{{20, 10}, {20, 10}, {20, 0}}, nil, true},
+		{"alone", [][2]int{{20, 20}}, nil, nil, false},
+		{"too few outcomes to judge", [][2]int{{7, 7}, {20, 0}}, nil, nil, false},
+		{"the other too few to judge", [][2]int{{20, 20}, {7, 0}}, nil, nil, false},
+		{"a tenth lost, the other nothing", [][2]int{{20, 4}, {20, 0}}, nil, nil, true},
+		{"under a tenth lost", [][2]int{{20, 3}, {20, 0}}, nil, nil, false},
+		{"a quarter lost, the other an eighth", [][2]int{{20, 10}, {20, 5}}, nil, nil, true},
+		{"a quarter lost, the other nearly as much", [][2]int{{20, 10}, {20, 6}}, nil, nil, false},
+		{"the sound one stopped", [][2]int{{20, 10}, {20, 0}}, []bool{false, true}, nil, false},
+		{"one of two others sound", [][2]int{{20, 10}, {20, 10}, {20, 0}}, nil, nil, true},
+		{"cut often, late in each request", [][2]int{{20, 10}, {20, 0}}, nil, []int64{chunk / 20}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := &blobFetch{}
 			for i, o := range tt.outcomes {
 				ep := &endpoint{}
+				lost := int64(chunk / 2)
+				if i < len(tt.lostOfCut) {
+					lost = tt.lostOfCut[i]
+				}
 				for k := range o[0] {
-					ep.health.chunk(now.Add(-time.Duration(k)*time.Second), k < o[1])
+					at := now.Add(-time.Duration(k) * time.Second)
+					if k < o[1] {
+						ep.health.chunk(at, true, chunk-lost, lost)
+					} else {
+						ep.health.chunk(at, false, chunk, 0)
+					}
 				}
 				s := &source{blobFetch: f, ep: ep, stopped: make(chan struct{})}
 				if len(tt.stopped) > i && tt.stopped[i] {
@@ -268,5 +282,59 @@ func TestSourceGivesWay(t *testing.T) {
 				t.Errorf("gives way: got %v, want %v", got, tt.wantGivesWay)
 			}
 		})
+	}
+}
+
+// TestSourcesScoutUnknownPaths: endpoints sharing a blob whose paths'
+// round trips are not known yet (asked for blobs only) each send one
+// request first, and their other workers follow its answer, so that the
+// pipe starts them by their path's length; then they fetch together.
+func TestSourcesScoutUnknownPaths(t *testing.T) {
+	t.Parallel()
+	blob := randomBlob(8 << 20)
+	d := digest.FromBytes(blob)
+	type scouted struct {
+		mu       sync.Mutex
+		answered bool
+		early    int // GETs that arrived before the first was answered
+		gets     int
+	}
+	var urls []string
+	var seen []*scouted
+	for range 2 {
+		sc := &scouted{}
+		seen = append(seen, sc)
+		s := &rangeServer{blob: blob, refuse: func(i int) int {
+			if i == 0 {
+				time.Sleep(100 * time.Millisecond)
+			} else {
+				time.Sleep(10 * time.Millisecond) // the blob takes a while: both fetch
+			}
+			sc.mu.Lock()
+			defer sc.mu.Unlock()
+			sc.gets++
+			if i == 0 {
+				sc.answered = true
+			} else if !sc.answered {
+				sc.early++
+			}
+			return 0
+		}}
+		srv := httptest.NewServer(s)
+		t.Cleanup(srv.Close)
+		urls = append(urls, srv.URL)
+	}
+	r := newFetchRegistry(t, sourcesConfig, urls)
+	w := newMemBlobWriter(int64(len(blob)))
+	if _, err := r.FetchBlob(t.Context(), "org/app", d, w); err != nil {
+		t.Fatal(err)
+	}
+	checkBlob(t, w, blob)
+	for i, sc := range seen {
+		sc.mu.Lock()
+		if sc.early > 0 || sc.gets < 2 {
+			t.Errorf("endpoint %d: %d GETs, %d of them before the first was answered; want several, none before", i, sc.gets, sc.early)
+		}
+		sc.mu.Unlock()
 	}
 }
