@@ -83,6 +83,7 @@ type bench struct {
 	bytes    int64 // bytes of the image containerd fetches for one platform
 
 	proxyLogs string // where each pullproxy's debug log goes; "": nowhere
+	corrupt   corruptHosts
 }
 
 func main() {
@@ -212,7 +213,8 @@ func setup(ctx context.Context, cfg config) (*bench, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	if b.reg, err = registrytest.Start(ctx, filepath.Join(dir, "registry"), registrytest.WithTLS(), registrytest.WithBlobRedirects()); err != nil {
+	if b.reg, err = registrytest.Start(ctx, filepath.Join(dir, "registry"), registrytest.WithTLS(), registrytest.WithBlobRedirects(),
+		registrytest.WithHandlerWrapper(b.corrupt.wrap)); err != nil {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("starting the registry: %w", err)
 	}
