@@ -141,12 +141,7 @@ func TestFetchBlobCorruptFromSeveral(t *testing.T) {
 	corrupt[len(corrupt)-1] ^= 0xff
 	d := digest.FromBytes(blob)
 	servers := []*rangeServer{{blob: corrupt}, {blob: blob}}
-	var urls []string
-	for _, s := range servers {
-		srv := httptest.NewServer(s)
-		t.Cleanup(srv.Close)
-		urls = append(urls, srv.URL)
-	}
+	urls := serveAll(t, servers...)
 	r := newFetchRegistry(t, sourcesConfig, urls)
 	cause := errors.New("digest mismatch")
 	r.ReportCorrupt(d, fetchedFrom(r.Endpoints()...), cause)
@@ -187,12 +182,7 @@ func TestFetchBlobSuspectRefetched(t *testing.T) {
 	}
 	d := digest.FromBytes(blob)
 	servers := []*rangeServer{{blob: corrupt}, {blob: blob}}
-	var urls []string
-	for _, s := range servers {
-		srv := httptest.NewServer(s)
-		t.Cleanup(srv.Close)
-		urls = append(urls, srv.URL)
-	}
+	urls := serveAll(t, servers...)
 	r := newFetchRegistry(t, sourcesConfig, urls)
 	w := newMemBlobWriter(int64(len(blob)))
 	cause := errors.New("digest mismatch")
@@ -337,4 +327,17 @@ func TestSourcesScoutUnknownPaths(t *testing.T) {
 		}
 		sc.mu.Unlock()
 	}
+}
+
+// serveAll serves each of servers on a test server of its own, closed when
+// the test ends, and returns their URLs in order.
+func serveAll(t *testing.T, servers ...*rangeServer) []string {
+	t.Helper()
+	urls := make([]string, len(servers))
+	for i, s := range servers {
+		srv := httptest.NewServer(s)
+		t.Cleanup(srv.Close)
+		urls[i] = srv.URL
+	}
+	return urls
 }
