@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -42,6 +43,55 @@ func (s *Server) ResolveTag(ctx context.Context, upstreamName, repo, tag string)
 		return upstream.Descriptor{}, err
 	}
 	return s.resolveTag(ctx, rt)
+}
+
+// CheckTag asks the upstream now what tag of repo at upstreamName points
+// to (a HEAD of its manifest, where the upstream names the digest in it),
+// whatever the tag TTL, records the answer as a client's lookup would, and
+// returns it. A sync round asks it once per tag: when nothing moved, it is
+// the round's only request for the tag.
+func (s *Server) CheckTag(ctx context.Context, upstreamName, repo, tag string) (upstream.Descriptor, error) {
+	rt, err := s.routeFor(upstreamName, repo, kindManifest, tag)
+	if err != nil {
+		return upstream.Descriptor{}, err
+	}
+	return s.refreshTag(ctx, rt)
+}
+
+// maxTagPages bounds the pages Tags follows: a million tags at 1000 a page.
+const maxTagPages = 1000
+
+// Tags returns every tag of repo at upstreamName, as the upstream lists
+// them now, following its pages (n and last, as its Link header gives the
+// next). The tag list clients are served, with its own TTL, is neither
+// read nor written.
+func (s *Server) Tags(ctx context.Context, upstreamName, repo string) ([]string, error) {
+	return s.tagsPaged(ctx, upstreamName, repo, 1000)
+}
+
+func (s *Server) tagsPaged(ctx context.Context, upstreamName, repo string, n int) ([]string, error) {
+	rt, err := s.routeFor(upstreamName, repo, kindTags, "")
+	if err != nil {
+		return nil, err
+	}
+	var tags []string
+	last := ""
+	for range maxTagPages {
+		page, err := rt.up.ListTags(ctx, rt.repo, n, last)
+		if err != nil {
+			return nil, fmt.Errorf("listing the tags of %s/%s after %q: %w", upstreamName, repo, last, err)
+		}
+		tags = append(tags, page.Tags...)
+		next := page.Next.Get("last")
+		if next == "" || next == last || len(page.Tags) == 0 {
+			return tags, nil
+		}
+		last = next
+		if m, err := strconv.Atoi(page.Next.Get("n")); err == nil && m > 0 {
+			n = m
+		}
+	}
+	return nil, fmt.Errorf("listing the tags of %s/%s: more than %d pages", upstreamName, repo, maxTagPages)
 }
 
 // Manifest returns the manifest or index that ref (a tag or a digest)

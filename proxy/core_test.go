@@ -6,11 +6,14 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 
 	"github.com/pullproxy/pullproxy/storage"
+	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // TestCoreCalls: the mirror core's calls fetch, store and return what a
@@ -121,5 +124,68 @@ func TestSeedFetchesWithoutRequests(t *testing.T) {
 		if _, err := e.store.StatBlob(context.Background(), d); err != nil {
 			t.Errorf("layer %d not stored: %v", i, err)
 		}
+	}
+}
+
+// TestCoreTags: Tags lists every tag the upstream holds, page after page,
+// asking the upstream each time.
+func TestCoreTags(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	img := e.push("test/app", "v1", 1000, 1)
+	want := []string{"v1", "v2", "v3", "v4", "v5"}
+	for _, tag := range want[1:] {
+		e.write("test/app", tag, img)
+	}
+	for _, n := range []int{1000, 2} {
+		before := e.counter.count("GET list")
+		got, err := e.srv.tagsPaged(t.Context(), upstreamName, "test/app", n)
+		if err != nil {
+			t.Fatalf("pages of %d: %v", n, err)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("pages of %d: got %v, want %v", n, got, want)
+		}
+		pages := e.counter.count("GET list") - before
+		if wantPages := (len(want) + n - 1) / n; pages < wantPages {
+			t.Errorf("pages of %d: the upstream was asked %d times, want %d at least", n, pages, wantPages)
+		}
+	}
+	if _, err := e.srv.Tags(t.Context(), "not-configured", "test/app"); err == nil {
+		t.Error("Tags of an upstream not configured: got nil, want an error")
+	}
+}
+
+// TestCoreCheckTag: CheckTag asks the upstream whatever the tag TTL, and
+// sees a tag moved that ResolveTag, within its TTL, still answers from the
+// store; a client's lookup then gets the new digest too.
+func TestCoreCheckTag(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, WithTagTTL(time.Hour))
+	first := e.push("test/app", "v1", 1000, 1)
+	ctx := t.Context()
+	firstDigest, _ := first.Digest()
+	if d, err := e.srv.ResolveTag(ctx, upstreamName, "test/app", "v1"); err != nil || d.Digest.String() != firstDigest.String() {
+		t.Fatalf("ResolveTag: %v, %v; want %s", d.Digest, err, firstDigest)
+	}
+	second := e.push("test/app", "v1", 1000, 1)
+	secondDigest, _ := second.Digest()
+	if d, _ := e.srv.ResolveTag(ctx, upstreamName, "test/app", "v1"); d.Digest.String() != firstDigest.String() {
+		t.Fatalf("ResolveTag within the TTL: got %s, want the stored %s", d.Digest, firstDigest)
+	}
+	heads := e.counter.count("HEAD manifests")
+	d, err := e.srv.CheckTag(ctx, upstreamName, "test/app", "v1")
+	if err != nil || d.Digest.String() != secondDigest.String() {
+		t.Fatalf("CheckTag: %v, %v; want the moved tag's %s", d.Digest, err, secondDigest)
+	}
+	if n := e.counter.count("HEAD manifests") - heads; n != 1 {
+		t.Errorf("CheckTag made %d HEAD requests, want 1", n)
+	}
+	if d, _ := e.srv.ResolveTag(ctx, upstreamName, "test/app", "v1"); d.Digest.String() != secondDigest.String() {
+		t.Errorf("ResolveTag after CheckTag: got %s, want %s", d.Digest, secondDigest)
+	}
+	if _, err := e.srv.CheckTag(ctx, upstreamName, "test/app", "gone"); !errors.Is(err, upstream.ErrNotFound) {
+		t.Errorf("CheckTag of a tag the upstream lacks: got %v, want ErrNotFound", err)
 	}
 }

@@ -77,23 +77,13 @@ func (s *Server) resolveTag(ctx context.Context, rt route) (upstream.Descriptor,
 	if cached && (time.Since(rec.CheckedAt) < s.tagTTL || isOffline(rt.up)) {
 		return recDescriptor(rec), nil
 	}
-	key := "tag " + name + "/" + rt.repo + ":" + rt.ref
+	key := tagKey(rt)
 	if err, ok := s.notFound.get(key); ok {
 		return upstream.Descriptor{}, err
 	}
-	v, err, _ := s.shared(ctx, key, func(ctx context.Context) (any, error) {
-		desc, err := s.lookupTag(ctx, rt, allManifestTypes)
-		if err != nil {
-			return nil, err
-		}
-		rec := storage.TagRecord{Digest: desc.Digest, MediaType: desc.MediaType, Size: desc.Size, CheckedAt: time.Now()}
-		if err := s.tags.PutTag(ctx, name, rt.repo, rt.ref, rec); err != nil {
-			s.log.Warn("caching tag", "upstream", name, "repo", rt.repo, "tag", rt.ref, "err", err)
-		}
-		return desc, nil
-	})
+	desc, err := s.refreshTag(ctx, rt)
 	if err == nil {
-		return v.(upstream.Descriptor), nil
+		return desc, nil
 	}
 	if errors.Is(err, upstream.ErrNotFound) {
 		s.notFound.put(key, err)
@@ -107,6 +97,31 @@ func (s *Server) resolveTag(ctx context.Context, rt route) (upstream.Descriptor,
 	}
 	return upstream.Descriptor{}, err
 }
+
+// refreshTag asks the upstream what rt's tag points to now and records
+// the answer, once for every caller asking at the same time.
+func (s *Server) refreshTag(ctx context.Context, rt route) (upstream.Descriptor, error) {
+	name := rt.up.Name()
+	v, err, _ := s.shared(ctx, tagKey(rt), func(ctx context.Context) (any, error) {
+		desc, err := s.lookupTag(ctx, rt, allManifestTypes)
+		if err != nil {
+			return nil, err
+		}
+		rec := storage.TagRecord{Digest: desc.Digest, MediaType: desc.MediaType, Size: desc.Size, CheckedAt: time.Now()}
+		if err := s.tags.PutTag(ctx, name, rt.repo, rt.ref, rec); err != nil {
+			s.log.Warn("caching tag", "upstream", name, "repo", rt.repo, "tag", rt.ref, "err", err)
+		}
+		return desc, nil
+	})
+	if err != nil {
+		return upstream.Descriptor{}, err
+	}
+	return v.(upstream.Descriptor), nil
+}
+
+// tagKey names rt's tag among the lookups shared and the answers
+// remembered as not found.
+func tagKey(rt route) string { return "tag " + rt.up.Name() + "/" + rt.repo + ":" + rt.ref }
 
 // lookupTag asks the upstream what a tag points to, with a HEAD when the
 // upstream names the digest in it, else with a GET whose content is cached.
