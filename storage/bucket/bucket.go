@@ -16,6 +16,8 @@
 //	                                    the size its manifest declared in the metadata
 //	uploads/sha256/<hex>/lease          who is fetching the blob (see lease.go)
 //	uploads/sha256/<hex>/part-<nnnnn>   the parts uploaded so far, readable as they land
+//	turns/<name>                        who holds a piece of work (a sync rule's round), and the
+//	                                    state its last holder left (see turn.go)
 //
 // distribution's s3-aws storage driver was the model and is not reused: it
 // is written against aws-sdk-go v1 (past its end of support), its path-only
@@ -103,6 +105,8 @@ type Bucket struct {
 	log     *slog.Logger
 	metrics *metrics
 	poll    time.Duration // how often a follower looks at a lease
+	// turnsSeen is what this replica saw of turns others hold (turn.go).
+	turnsSeen sightings
 
 	health     *health
 	probeFirst time.Duration

@@ -179,7 +179,7 @@ func TestLeaseTakenOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, r := range rs {
 		wg.Go(func() {
-			h, err := r.b.take(t.Context(), d, lease{Size: 10, PartSize: minPartSize}, "")
+			h, err := r.b.take(t.Context(), r.b.blobLease(d), lease{Size: 10, PartSize: minPartSize}, "")
 			switch {
 			case err == nil:
 				won.Add(1)
@@ -194,11 +194,11 @@ func TestLeaseTakenOnce(t *testing.T) {
 		t.Fatalf("%d replicas took the lease at once, want 1", won.Load())
 	}
 	// The holder's renewals go through; a write over a stale ETag does not.
-	cur, err := rs[0].b.readLease(t.Context(), d)
+	cur, err := rs[0].b.readLease(t.Context(), rs[0].b.blobLease(d))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rs[0].b.writeLease(t.Context(), d, cur.lease, `"stale"`); !errors.Is(err, errPrecondition) {
+	if _, err := rs[0].b.writeLease(t.Context(), rs[0].b.blobLease(d), cur.lease, `"stale"`); !errors.Is(err, errPrecondition) {
 		t.Fatalf("write over a stale ETag: got %v, want a precondition failure", err)
 	}
 }
@@ -309,7 +309,7 @@ func holderDies(t *testing.T, srv *miniotest.Server, cfg Config, d digest.Digest
 	}()
 	t.Cleanup(func() { kill(); <-done })
 	waitFor(t, "the dying replica to upload two parts", func() bool {
-		l, err := a.b.readLease(t.Context(), d)
+		l, err := a.b.readLease(t.Context(), a.b.blobLease(d))
 		return err == nil && l.count() >= 2
 	})
 	net.cut.Store(true)
@@ -367,7 +367,7 @@ func TestReleasedLeaseResumes(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	go func() {
 		waitFor(t, "two parts uploaded", func() bool {
-			l, err := a.b.readLease(t.Context(), d)
+			l, err := a.b.readLease(t.Context(), a.b.blobLease(d))
 			return err == nil && l.count() >= 2
 		})
 		cancel() // the download fails: the upstream went away
@@ -376,7 +376,7 @@ func TestReleasedLeaseResumes(t *testing.T) {
 		t.Fatal("Fetch succeeded with its upstream gone")
 	}
 	pa.Abandon(errors.New("gone"))
-	l, err := b.b.readLease(t.Context(), d)
+	l, err := b.b.readLease(t.Context(), b.b.blobLease(d))
 	if err != nil || l.Holder != "" || l.count() != 2 {
 		t.Fatalf("lease after the failure: %+v, %v; want released with 2 parts", l.lease, err)
 	}
@@ -497,8 +497,16 @@ func TestCleanRemovesStaleUploads(t *testing.T) {
 	if _, err := r.b.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{Bucket: &r.b.name, Key: &key}); err != nil {
 		t.Fatal(err)
 	}
+	// A turn released long ago is no upload: it stays.
+	turn, err := r.b.TakeTurn(ctx, testTurn, wantAny)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := turn.Done(ctx, []byte(`{}`)); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(cfg.StaleUploads + 500*time.Millisecond)
-	h, err := r.b.take(ctx, live, lease{Size: 1, PartSize: minPartSize}, "")
+	h, err := r.b.take(ctx, r.b.blobLease(live), lease{Size: 1, PartSize: minPartSize}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,6 +521,9 @@ func TestCleanRemovesStaleUploads(t *testing.T) {
 	left := bucketObjects(t, srv, bucket, "uploads/")
 	if len(left) != 1 || left[0] != r.b.leaseKey(live) {
 		t.Errorf("left %v, want only the live lease", left)
+	}
+	if turns := bucketObjects(t, srv, bucket, "turns/"); len(turns) != 1 {
+		t.Errorf("turns left: %v, want the one released", turns)
 	}
 	out, err := r.b.client.ListMultipartUploads(ctx, &s3.ListMultipartUploadsInput{Bucket: &r.b.name})
 	if err != nil {

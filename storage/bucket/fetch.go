@@ -125,7 +125,7 @@ func (b *Bucket) Fetch(ctx context.Context, dl content.Download, confirm func(co
 		if from.PartSize == 0 && from.Size >= 0 {
 			from.PartSize = b.partSizeFor(from.Size)
 		}
-		h, err := b.take(ctx, d, from, ifMatch)
+		h, err := b.take(ctx, b.blobLease(d), from, ifMatch)
 		if err == nil {
 			if ifMatch != "" {
 				b.metrics.takeover.Inc()
@@ -137,7 +137,7 @@ func (b *Bucket) Fetch(ctx context.Context, dl content.Download, confirm func(co
 		if !errors.Is(err, errPrecondition) {
 			return alone(err)
 		}
-		cur, err := b.readLease(ctx, d)
+		cur, err := b.readLease(ctx, b.blobLease(d))
 		switch {
 		case errors.Is(err, storage.ErrNotFound): // released and deleted meanwhile
 			from, ifMatch = lease{Size: dl.Size()}, ""
@@ -374,7 +374,7 @@ func (b *Bucket) follow(ctx context.Context, dl content.Download, cur held) (don
 		case <-ctx.Done():
 			return false, held{}, ctx.Err()
 		}
-		nl, err := b.readLease(ctx, d)
+		nl, err := b.readLease(ctx, b.blobLease(d))
 		switch {
 		case errors.Is(err, ErrDegraded):
 			return false, held{}, fmt.Errorf("%w: following %s: %w", errUnusable, d, err)
@@ -619,7 +619,7 @@ func (b *Bucket) uploadParts(ctx context.Context, dl content.Download, h *holdin
 					continue
 				}
 				busy[i] = true
-				go func() { results <- result{i, b.putPart(ctx, h, f, i, start, end)} }()
+				go func() { results <- result{i, b.putPart(ctx, h, f, d, i, start, end)} }()
 			}
 		}
 		switch {
@@ -654,10 +654,9 @@ func (b *Bucket) uploadParts(ctx context.Context, dl content.Download, h *holdin
 	}
 }
 
-// putPart uploads part i, [start, end) of f, while the lease is this
+// putPart uploads part i of d, [start, end) of f, while the lease is this
 // replica's: each try ends when the lease would lapse.
-func (b *Bucket) putPart(ctx context.Context, h *holding, f *os.File, i int, start, end int64) error {
-	d := h.d
+func (b *Bucket) putPart(ctx context.Context, h *holding, f *os.File, d digest.Digest, i int, start, end int64) error {
 	var err error
 	for try := range partTries {
 		if try > 0 {

@@ -16,7 +16,9 @@ import (
 // client asked for again), and multipart assemblies begun and never
 // completed (a replica killed while assembling). Any replica may run it:
 // what it removes is stale by the bucket's own clock, so a live download,
-// which writes its lease every LeaseTTL/3, is never touched.
+// which writes its lease every LeaseTTL/3, is never touched. It looks
+// only under uploads/ (and at assemblies under blobs/): turns, released
+// and untouched between rounds, are not uploads.
 func (b *Bucket) Clean(ctx context.Context) (removed int, err error) {
 	type upload struct {
 		newest time.Time

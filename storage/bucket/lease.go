@@ -28,6 +28,10 @@ import (
 //
 // The holder deletes it once the blob is in the bucket whole, or when its
 // download fails, keeping the parts for whoever comes next.
+//
+// A turn (turn.go) is the same object on a piece of work rather than a
+// blob: its part fields stay zero, and State carries what its last holder
+// left for the next.
 type lease struct {
 	Holder   string `json:"holder"`
 	Size     int64  `json:"size"`      // -1 until the holder knows it
@@ -36,6 +40,9 @@ type lease struct {
 	// soon as they are whole, in whatever order the download fills them.
 	Uploaded string `json:"uploaded"`
 	Writes   int64  `json:"writes"` // changes at every write, so the ETag does
+	// State is a turn's: what its last holder left, as JSON. Omitted
+	// when empty, so a blob's lease reads as it always did.
+	State json.RawMessage `json:"state,omitempty"`
 }
 
 // uploaded reports whether part i is in the bucket.
@@ -87,41 +94,55 @@ func (b *Bucket) partSizeFor(size int64) int64 {
 	return ps
 }
 
+// leaseRef names a lease object: its key, and what it is the lease of, as
+// log lines and errors say it ("lease of sha256:…", "turn sync/…").
+type leaseRef struct {
+	key  string
+	what string
+}
+
+// blobLease is the lease of d's download.
+func (b *Bucket) blobLease(d digest.Digest) leaseRef {
+	return leaseRef{key: b.leaseKey(d), what: "lease of " + d.String()}
+}
+
 // held is a lease as read from the bucket.
 type held struct {
 	lease
 	etag string
 }
 
-// readLease reads d's lease, or returns an error wrapping storage.ErrNotFound.
-func (b *Bucket) readLease(ctx context.Context, d digest.Digest) (held, error) {
-	body, o, err := b.getSmall(ctx, "get_lease", b.leaseKey(d))
+// readLease reads the lease ref names, or returns an error wrapping
+// storage.ErrNotFound.
+func (b *Bucket) readLease(ctx context.Context, ref leaseRef) (held, error) {
+	body, o, err := b.getSmall(ctx, "get_lease", ref.key)
 	if err != nil {
 		return held{}, err
 	}
 	var l lease
 	if err := json.Unmarshal(body, &l); err != nil {
-		return held{}, fmt.Errorf("reading lease of %s: %w", d, err)
+		return held{}, fmt.Errorf("reading %s: %w", ref.what, err)
 	}
 	return held{l, o.etag}, nil
 }
 
-// writeLease writes l as d's lease: created when ifMatch is "", else over
-// the lease with that ETag. It fails with errPrecondition when another
-// replica got there first.
-func (b *Bucket) writeLease(ctx context.Context, d digest.Digest, l lease, ifMatch string) (string, error) {
+// writeLease writes l as the lease ref names: created when ifMatch is "",
+// else over the lease with that ETag. It fails with errPrecondition when
+// another replica got there first.
+func (b *Bucket) writeLease(ctx context.Context, ref leaseRef, l lease, ifMatch string) (string, error) {
 	body, err := json.Marshal(l)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("writing %s: %w", ref.what, err)
 	}
 	ifNoneMatch := ""
 	if ifMatch == "" {
 		ifNoneMatch = "*"
 	}
-	return b.putBytes(ctx, "put_lease", b.leaseKey(d), body, ifNoneMatch, ifMatch, nil)
+	return b.putBytes(ctx, "put_lease", ref.key, body, ifNoneMatch, ifMatch, nil)
 }
 
-// holding is a lease this replica holds, kept alive by keep until release.
+// holding is a lease this replica holds, kept alive by keep until release
+// (or leave).
 //
 // It is this replica's only while valid: until a lease_ttl after the last
 // write that succeeded was sent, less a third of it for margin. A follower
@@ -132,7 +153,7 @@ func (b *Bucket) writeLease(ctx context.Context, d digest.Digest, l lease, ifMat
 // to its renewals.
 type holding struct {
 	b         *Bucket
-	d         digest.Digest
+	ref       leaseRef
 	inherited bool // taken over or taken released: others held it before
 	cancel    context.CancelFunc
 	done      chan struct{} // closed when keep returns
@@ -148,20 +169,20 @@ type holding struct {
 	released bool
 }
 
-// take tries to create d's lease (ifMatch "") or to take over the one
-// with ETag ifMatch, starting from from's state. It returns
+// take tries to create the lease ref names (ifMatch "") or to take over
+// the one with ETag ifMatch, starting from from's state. It returns
 // errPrecondition when another replica holds it.
-func (b *Bucket) take(ctx context.Context, d digest.Digest, from lease, ifMatch string) (*holding, error) {
+func (b *Bucket) take(ctx context.Context, ref leaseRef, from lease, ifMatch string) (*holding, error) {
 	l := from
 	l.Holder = b.id
 	l.Writes++
 	sent := time.Now()
-	etag, err := b.writeLease(ctx, d, l, ifMatch)
+	etag, err := b.writeLease(ctx, ref, l, ifMatch)
 	if err != nil {
 		return nil, err
 	}
 	kctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	h := &holding{b: b, d: d, inherited: ifMatch != "", cancel: cancel, done: make(chan struct{}), state: l, etag: etag,
+	h := &holding{b: b, ref: ref, inherited: ifMatch != "", cancel: cancel, done: make(chan struct{}), state: l, etag: etag,
 		wake: make(chan struct{}, 1), lostCh: make(chan struct{}), sent: sent}
 	go h.keep(kctx)
 	return h, nil
@@ -206,15 +227,19 @@ func (h *holding) valid() error {
 	}
 	ttl := h.b.cfg.LeaseTTL
 	if until := h.sent.Add(ttl - ttl/3); time.Now().After(until) {
-		return fmt.Errorf("lease of %s not renewed since %s: another replica may hold it", h.d, h.sent.Format(time.RFC3339))
+		return fmt.Errorf("%s not renewed since %s: %w", h.ref.what, h.sent.Format(time.RFC3339), errLeaseLost)
 	}
 	return nil
 }
 
+// errLeaseLost: a lease is no longer this replica's (taken over, or not
+// renewed in time).
+var errLeaseLost = errors.New("another replica may hold it")
+
 // loseLocked records the lease as lost. Called with mu held.
 func (h *holding) loseLocked(err error) {
 	if h.lost == nil {
-		h.lost = fmt.Errorf("lease of %s lost: %w", h.d, err)
+		h.lost = fmt.Errorf("%s lost (%w): %w", h.ref.what, errLeaseLost, err)
 		close(h.lostCh)
 	}
 }
@@ -243,10 +268,15 @@ func (h *holding) keep(ctx context.Context) {
 
 		sent := time.Now()
 		wctx, cancel := context.WithTimeout(ctx, ttl/3)
-		newEtag, err := h.b.writeLease(wctx, h.d, l, etag)
+		newEtag, err := h.b.writeLease(wctx, h.ref, l, etag)
 		cancel()
 		if ctx.Err() != nil {
 			return
+		}
+		if err != nil && !errors.Is(err, ErrDegraded) && h.b.Degraded() {
+			// This write's timeout marked the bucket degraded: the next
+			// would fail at once.
+			err = fmt.Errorf("%w: %w", ErrDegraded, err)
 		}
 		h.mu.Lock()
 		switch {
@@ -264,10 +294,10 @@ func (h *holding) keep(ctx context.Context) {
 			// hold it now.
 			h.loseLocked(err)
 			h.mu.Unlock()
-			h.b.log.Warn("lost the lease of a blob download: another replica finishes its upload", "digest", h.d, "err", err)
+			h.b.log.Warn("lost a lease: another replica may hold it now", "lease", h.ref.what, "err", err)
 			return
 		default:
-			h.b.log.Warn("renewing the lease of a blob download", "digest", h.d, "err", err)
+			h.b.log.Warn("renewing a lease", "lease", h.ref.what, "err", err)
 		}
 		again := h.dirty
 		h.mu.Unlock()
@@ -291,19 +321,39 @@ func (h *holding) stop() {
 // at once (no wait for it to expire) and resumes from the parts it counts
 // as uploaded.
 func (h *holding) release(ctx context.Context) {
+	err := h.leave(ctx, nil)
+	if err != nil && !errors.Is(err, errLeaseLost) && !errors.Is(err, errReleased) {
+		h.b.log.Info("releasing a lease: other replicas take it once it expires", "lease", h.ref.what, "err", err)
+	}
+}
+
+// errReleased: a lease was released already.
+var errReleased = errors.New("released already")
+
+// leave stops renewing the lease and writes it released, with change (if
+// not nil) applied to its state first. It writes nothing when the lease
+// was released already (errReleased), or is no longer this replica's
+// (errLeaseLost); a write refused because another replica took it over
+// fails with errPrecondition.
+func (h *holding) leave(ctx context.Context, change func(*lease)) error {
 	h.stop()
 	h.mu.Lock()
-	l, etag, done := h.state, h.etag, h.released || h.lost != nil
+	l, etag, released := h.state, h.etag, h.released
 	h.released = true
 	h.mu.Unlock()
-	if done || h.valid() != nil {
-		return
+	if released {
+		return fmt.Errorf("%s: %w", h.ref.what, errReleased)
+	}
+	if err := h.valid(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	l.Holder = ""
 	l.Writes++
-	if _, err := h.b.writeLease(ctx, h.d, l, etag); err != nil {
-		h.b.log.Info("releasing the lease of a blob download: other replicas take it once it expires", "digest", h.d, "err", err)
+	if change != nil {
+		change(&l)
 	}
+	_, err := h.b.writeLease(ctx, h.ref, l, etag)
+	return err
 }
