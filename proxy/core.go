@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
@@ -92,6 +93,47 @@ func (s *Server) tagsPaged(ctx context.Context, upstreamName, repo string, n int
 		}
 	}
 	return nil, fmt.Errorf("listing the tags of %s/%s: more than %d pages", upstreamName, repo, maxTagPages)
+}
+
+// repositoryLister is what an upstream with a catalog adds (an offline
+// upstream has none to ask).
+type repositoryLister interface {
+	ListRepositories(ctx context.Context, n int, last string) (upstream.RepositoryPage, error)
+}
+
+// Repositories returns the repositories the catalog of upstreamName lists
+// now under prefix ("team/"; "": all), following its pages.
+func (s *Server) Repositories(ctx context.Context, upstreamName, prefix string) ([]string, error) {
+	up := s.upstreams[upstream.CanonicalName(upstreamName)]
+	if up == nil {
+		return nil, fmt.Errorf("listing the repositories of %s: no upstream of that name is configured", upstreamName)
+	}
+	lister, ok := up.(repositoryLister)
+	if !ok {
+		return nil, fmt.Errorf("listing the repositories of %s: it is offline", upstreamName)
+	}
+	var repos []string
+	last, n := "", 1000
+	for range maxTagPages {
+		page, err := lister.ListRepositories(ctx, n, last)
+		if err != nil {
+			return nil, fmt.Errorf("listing the repositories of %s after %q: %w", upstreamName, last, err)
+		}
+		for _, r := range page.Repositories {
+			if strings.HasPrefix(r, prefix) {
+				repos = append(repos, r)
+			}
+		}
+		next := page.Next.Get("last")
+		if next == "" || next == last || len(page.Repositories) == 0 {
+			return repos, nil
+		}
+		last = next
+		if m, err := strconv.Atoi(page.Next.Get("n")); err == nil && m > 0 {
+			n = m
+		}
+	}
+	return nil, fmt.Errorf("listing the repositories of %s: more than %d pages", upstreamName, maxTagPages)
 }
 
 // Manifest returns the manifest or index that ref (a tag or a digest)

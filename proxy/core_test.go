@@ -157,6 +157,27 @@ func TestCoreTags(t *testing.T) {
 	}
 }
 
+// TestCoreRepositories: Repositories lists the upstream's catalog under a
+// prefix, and nothing for an upstream not configured.
+func TestCoreRepositories(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, repo := range []string{"team/a", "team/b/c", "teams/x", "other/y"} {
+		e.push(repo, "v1", 1000, 1)
+	}
+	got, err := e.srv.Repositories(t.Context(), upstreamName, "team/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	if want := []string{"team/a", "team/b/c"}; !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+	if _, err := e.srv.Repositories(t.Context(), "not-configured", ""); err == nil {
+		t.Error("Repositories of an upstream not configured: got nil, want an error")
+	}
+}
+
 // TestCoreCheckTag: CheckTag asks the upstream whatever the tag TTL, and
 // sees a tag moved that ResolveTag, within its TTL, still answers from the
 // store; a client's lookup then gets the new digest too.

@@ -344,7 +344,24 @@ type request struct {
 	client *http.Client // default: the registry's pooled client
 }
 
-func (q request) op() string { return q.method + " /v2/" + q.repo + "/" + q.path }
+func (q request) op() string { return q.method + " " + q.urlPath() }
+
+// urlPath is q's path below an endpoint's: /v2/<repo>/<path>, or
+// /v2/<path> for a request of no repository (the catalog).
+func (q request) urlPath() string {
+	if q.repo == "" {
+		return "/v2/" + q.path
+	}
+	return "/v2/" + q.repo + "/" + q.path
+}
+
+// scope is the token scope q needs.
+func (q request) scope() string {
+	if q.repo == "" {
+		return "registry:catalog:*"
+	}
+	return "repository:" + q.repo + ":pull"
+}
 
 // do sends q to each endpoint in turn until one answers with anything but a
 // transport error or a 5xx, and returns that answer. A non-2xx answer comes
@@ -403,7 +420,7 @@ func isOK(status int, ok []int) bool {
 // registry's challenge once, Bearer or Basic. Preemptive credentials the
 // registry refuses (an expired ECR token gets 403) are renewed once.
 func (r *Registry) send(ctx context.Context, ep *endpoint, q request) (*http.Response, error) {
-	scope := "repository:" + q.repo + ":pull"
+	scope := q.scope()
 	who := Endpoint{Upstream: r.name, Host: ep.host, Region: ep.region}
 	var auth, cachedKey string
 	if v, ok := r.challenges.Load(ep.host); ok {
@@ -527,7 +544,7 @@ func (r *Registry) sendOnce(ctx context.Context, ep *url.URL, q request, auth st
 			Message: "rate limited by the upstream: holding off until " + until.UTC().Format(time.TimeOnly) + " UTC"}
 	}
 	u := *ep
-	u.Path = ep.Path + "/v2/" + q.repo + "/" + q.path
+	u.Path = ep.Path + q.urlPath()
 	u.RawQuery = q.query
 	req, err := http.NewRequestWithContext(ctx, q.method, u.String(), nil)
 	if err != nil {
