@@ -28,6 +28,7 @@ import (
 //	member/<upstream>/<repo>@<digest>  → (empty) the digest is in that repository (members.go)
 //	referrers/<upstream>/<repo>@<digest> → ReferrersRecord
 //	partial/<digest>                   → a download's progress (checkpoint.go)
+//	sync/<rule id>                     → what a sync rule keeps cached (syncstate.go)
 const (
 	tagPrefix       = "tag/"
 	tagListPrefix   = "taglist/"

@@ -315,6 +315,9 @@ func (b *Bucket) where() string {
 	return "S3 " + b.cfg.Region
 }
 
+// Replica names this replica, as leases and turns name their holders.
+func (b *Bucket) Replica() string { return b.id }
+
 func replicaID() string {
 	host, _ := os.Hostname()
 	var r [4]byte
