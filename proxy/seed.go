@@ -35,6 +35,9 @@ type SeedOptions struct {
 type SeedProgress struct {
 	BlobsTotal, BlobsDone atomic.Int64
 	BytesTotal, BytesDone atomic.Int64 // BytesTotal as the manifests declare them
+	// BytesFetched are the bytes of BytesDone that came from a download
+	// (the upstream, or the shared bucket), not from the store.
+	BytesFetched atomic.Int64
 }
 
 // seedBlobs is how many blobs of an image are fetched at once, as
@@ -90,13 +93,14 @@ func (s *Server) Seed(ctx context.Context, upstreamName, repo, ref string, opts 
 		progress.BytesTotal.Add(b.Size)
 	}
 	landed := func(n int64) { progress.BytesDone.Add(n) }
+	fetched := func(n int64) { progress.BytesFetched.Add(n); landed(n) }
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(seedBlobs)
 	for _, b := range blobs {
 		g.Go(func() error {
 			// A blob stored already lands all at once.
 			var got int64
-			size, err := s.EnsureBlob(gctx, upstreamName, repo, b.Digest, func(n int64) { got += n; landed(n) })
+			size, err := s.EnsureBlob(gctx, upstreamName, repo, b.Digest, func(n int64) { got += n; fetched(n) })
 			if err != nil {
 				return fmt.Errorf("seeding %s/%s blob %s: %w", upstreamName, repo, b.Digest, err)
 			}

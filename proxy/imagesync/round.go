@@ -12,9 +12,10 @@ import (
 )
 
 // Core is what a round asks of the mirror core (proxy.Server): the
-// repository's tags and each tag's digest, as the upstream answers now,
+// repositories under a prefix (for a prefix rule), a repository's tags and each tag's digest, as the upstream answers now,
 // and an image fetched through the same downloads and checks as a pull's.
 type Core interface {
+	Repositories(ctx context.Context, upstreamName, prefix string) ([]string, error)
 	Tags(ctx context.Context, upstreamName, repo string) ([]string, error)
 	CheckTag(ctx context.Context, upstreamName, repo, tag string) (upstream.Descriptor, error)
 	Seed(ctx context.Context, upstreamName, repo, ref string, opts proxy.SeedOptions) (digest.Digest, error)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -18,7 +19,8 @@ import (
 // its tags, and the images fetched.
 type fakeCore struct {
 	mu       sync.Mutex
-	tags     map[string]digest.Digest // what each tag points to upstream
+	repos    []string                 // what the catalog lists
+	tags     map[string]digest.Digest // what each tag points to upstream, in every repository
 	listErr  error
 	seedErr  map[digest.Digest]error
 	checked  []string // tags asked about, in order
@@ -26,7 +28,19 @@ type fakeCore struct {
 	platform []string // the platforms the last seed asked for
 }
 
+func (c *fakeCore) Repositories(ctx context.Context, upstreamName, prefix string) ([]string, error) {
+	var out []string
+	for _, r := range c.repos {
+		if strings.HasPrefix(r, prefix) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
 func (c *fakeCore) Tags(ctx context.Context, upstreamName, repo string) ([]string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.listErr != nil {
 		return nil, c.listErr
 	}

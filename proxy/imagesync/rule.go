@@ -18,28 +18,29 @@ import (
 	"github.com/distribution/reference"
 )
 
-// Rule is one entry of the configuration's sync section.
+// Rule is one entry of the configuration's sync section: what to keep
+// cached of an upstream.
 type Rule struct {
 	// Upstream is the name of the upstream the images come from.
-	Upstream string `yaml:"upstream"`
+	Upstream string
 	// Repository is a repository of the upstream, or a prefix ending in
 	// "/*" for every repository under it that the upstream lists.
-	Repository string `yaml:"repository"`
+	Repository string
 	// Tags are exact tags, or regular expressions anchored at both ends
 	// ("^v[0-9]+$"). None: every tag.
-	Tags []string `yaml:"tags"`
+	Tags []string
 	// Semver, when set, keeps only the tags, of those Tags picked, that
 	// are versions within this constraint (">=1.26, <2").
-	Semver string `yaml:"semver"`
+	Semver string
 	// Platforms are the platforms of an index to fetch ("linux/amd64",
 	// "linux/arm64/v8"). None: every platform.
-	Platforms []string `yaml:"platforms"`
+	Platforms []string
 	// Referrers also fetches the signatures and SBOMs that refer to the
 	// images.
-	Referrers bool `yaml:"referrers"`
+	Referrers bool
 	// Interval is how often the tag list is looked at (default
 	// DefaultInterval, at least MinInterval).
-	Interval time.Duration `yaml:"interval"`
+	Interval time.Duration
 }
 
 const (

@@ -17,6 +17,7 @@ import (
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/mirror"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
+	"github.com/pullproxy/pullproxy/proxy/imagesync"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -38,6 +39,16 @@ func handler(m *mirror.Mirror, dataDir string, log *slog.Logger) http.Handler {
 	})
 	mux.Handle("POST /forget", forgetHandler(m.Upstreams, log))
 	mux.HandleFunc("GET /debug/bucket", serveBucketHealth(m))
+	mux.HandleFunc("GET /debug/sync", func(w http.ResponseWriter, r *http.Request) {
+		st := []imagesync.RuleStatus{}
+		if m.Sync != nil {
+			st = m.Sync.Status()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(st)
+	})
 	mux.HandleFunc("GET /export", func(w http.ResponseWriter, r *http.Request) {
 		var pins []imageref.Ref
 		for _, ref := range r.URL.Query()["ref"] {

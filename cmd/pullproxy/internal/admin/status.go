@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/progress"
+	"github.com/pullproxy/pullproxy/proxy/imagesync"
 	"github.com/pullproxy/pullproxy/upstream"
 )
 
@@ -70,7 +71,42 @@ func PrintStatus(ctx context.Context, t Target, stdout io.Writer, asJSON bool) e
 		printCorrupt(stdout, u.Corrupt, time.Now())
 	}
 	printBucket(ctx, t, stdout)
+	printSync(ctx, t, stdout, time.Now())
 	return nil
+}
+
+// printSync prints each sync rule's state, when the server has rules.
+func printSync(ctx context.Context, server Target, stdout io.Writer, now time.Time) {
+	resp, err := Call(ctx, server, http.MethodGet, "/debug/sync", "", nil)
+	if err != nil {
+		return // an older server: no such section
+	}
+	defer resp.Body.Close()
+	var rules []imagesync.RuleStatus
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&rules); err != nil || len(rules) == 0 {
+		return
+	}
+	fmt.Fprintln(stdout, "sync")
+	for _, r := range rules {
+		fmt.Fprintf(stdout, "  %s every %s: %d tags cached in %d repositories; fetched %s since start\n",
+			r.Rule, r.Interval, r.TagsCached, r.Repositories, progress.Bytes(r.FetchedBytes))
+		last := "no round yet"
+		if !r.LastRound.IsZero() {
+			last = fmt.Sprintf("last round ended %s (%s ago), took %s", r.LastRound.Format(time.TimeOnly),
+				now.Sub(r.LastRound).Round(time.Second), r.LastDuration.Round(time.Millisecond))
+			if r.LastBy != "" {
+				last += ", on " + r.LastBy
+			}
+		}
+		next := "next round at " + r.NextRound.Format(time.TimeOnly)
+		if r.Running {
+			next = "a round is running"
+		}
+		fmt.Fprintf(stdout, "    %s; %s\n", last, next)
+		if r.LastError != "" {
+			fmt.Fprintf(stdout, "    failed %d time(s) in a row: %s\n", r.Failures, r.LastError)
+		}
+	}
 }
 
 // printBucket prints the shared bucket's section of status, when

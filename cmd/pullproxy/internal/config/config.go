@@ -50,6 +50,7 @@ type File struct {
 	Fetch           Fetch          `yaml:"fetch"`
 	Storage         Storage        `yaml:"storage"` // type s3: replicas sharing a bucket
 	Upstreams       []Upstream     `yaml:"upstreams"`
+	Sync            []SyncRule     `yaml:"sync"` // images kept cached before anyone asks
 
 	// AdminTokenFile holds the bearer token a TCP admin_listen requires;
 	// default DATA_DIR/admin.token, created mode 0600.
@@ -273,6 +274,7 @@ func (c *File) Validate() error {
 	if c.FetchTimeout != nil && *c.FetchTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("fetch_timeout %v is not positive", *c.FetchTimeout))
 	}
+	errs = append(errs, c.validateSync(seen)...)
 	return errors.Join(errs...)
 }
 

@@ -46,6 +46,12 @@ func TestLoadErrors(t *testing.T) {
 		{name: "pin of no upstream", file: "pin: [other.io/app:v1]\nupstreams:\n- name: a.io\n  endpoints: [{url: https://a.io}]\n", want: "other.io is not among the upstreams"},
 		{name: "bad max_size", file: "max_size: lots\n", want: "max_size"},
 		{name: "s3 without a bucket", file: "storage: {type: s3}\n", want: "type s3 needs a bucket"},
+		{name: "sync of no upstream", file: "sync: [{upstream: other.io, repository: app}]\nupstreams:\n- name: a.io\n  endpoints: [{url: https://a.io}]\n", want: "sync[0]: upstream other.io is not among the upstreams"},
+		{name: "sync of an offline upstream", file: "sync: [{upstream: a.io, repository: app}]\nupstreams:\n- name: a.io\n  offline: true\n", want: "sync[0]: upstream a.io is offline"},
+		{name: "sync tag pattern not anchored", file: "sync: [{upstream: docker.io, repository: library/nginx, tags: ['^1\\.27']}]\n", want: "sync[0]: tag pattern \"^1\\\\.27\": a regular expression is anchored at both ends"},
+		{name: "sync wildcard mid-path", file: "sync: [{upstream: docker.io, repository: 'team/*/app'}]\n", want: "a wildcard only ends a prefix"},
+		{name: "sync interval too short", file: "sync: [{upstream: docker.io, repository: library/nginx, interval: 10ms}]\n", want: "interval 10ms: at least 1s"},
+		{name: "sync unknown key", file: "sync: [{upstream: docker.io, repository: library/nginx, tag: [v1]}]\n", want: "field tag not found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := load(writeFile(t, tc.file))
@@ -101,6 +107,9 @@ func TestExampleConfig(t *testing.T) {
 	}
 	if got := cfg.Upstreams[2].CAFile; got != "/etc/pullproxy/corp-ca.pem" {
 		t.Errorf("ca_file of the third upstream: got %q", got)
+	}
+	if rules := cfg.SyncRules(); len(rules) != 2 || rules[0].Repository != "team/*" || rules[0].Interval != 10*time.Minute || !rules[0].Referrers {
+		t.Errorf("sync rules: got %+v", rules)
 	}
 }
 

@@ -11,13 +11,15 @@ import (
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/imageref"
+	"github.com/pullproxy/pullproxy/proxy/imagesync"
 	"github.com/pullproxy/pullproxy/storage"
 )
 
-// pinnedDigests returns the resolver of the pin list's blobs, as the store
-// holds them when eviction asks.
-func pinnedDigests(store *storage.Store, pins []imageref.Ref) func(context.Context) (map[digest.Digest]bool, error) {
-	if len(pins) == 0 {
+// pinnedDigests returns the resolver of the blobs pinned, as the store
+// holds them when eviction asks: the pin list's, and those of the images
+// the sync rules keep (sync may be nil).
+func pinnedDigests(store *storage.Store, pins []imageref.Ref, sync *imagesync.Syncer) func(context.Context) (map[digest.Digest]bool, error) {
+	if len(pins) == 0 && sync == nil {
 		return nil
 	}
 	return func(ctx context.Context) (map[digest.Digest]bool, error) {
@@ -25,6 +27,14 @@ func pinnedDigests(store *storage.Store, pins []imageref.Ref) func(context.Conte
 		for _, p := range pins {
 			if err := store.ImageDigests(ctx, p.Upstream, p.Repo, p.Ref, out); err != nil {
 				return nil, fmt.Errorf("pinned %s/%s:%s: %w", p.Upstream, p.Repo, p.Ref, err)
+			}
+		}
+		if sync == nil {
+			return out, nil
+		}
+		for _, im := range sync.Images() {
+			if err := store.ImageDigests(ctx, im.Upstream, im.Repository, im.Digest.String(), out); err != nil {
+				return nil, fmt.Errorf("kept by sync: %s/%s@%s: %w", im.Upstream, im.Repository, im.Digest, err)
 			}
 		}
 		return out, nil
@@ -41,7 +51,7 @@ const evictionInterval = time.Minute
 // A command (seed, import, export: background false) evicts only with an
 // explicit max_size, and only to make room: it must not take away, on a
 // disk filled by other things, what a site cannot fetch again.
-func startEviction(ctx context.Context, cfg config.File, store *storage.Store, reg prometheus.Registerer, log *slog.Logger, background bool) (wait func(), err error) {
+func startEviction(ctx context.Context, cfg config.File, store *storage.Store, sync *imagesync.Syncer, reg prometheus.Registerer, log *slog.Logger, background bool) (wait func(), err error) {
 	var pins []imageref.Ref
 	for _, s := range cfg.Pin {
 		p, err := imageref.Parse(s)
@@ -64,7 +74,7 @@ func startEviction(ctx context.Context, cfg config.File, store *storage.Store, r
 		bound = config.Unbounded()
 	}
 	policy := bound.Policy()
-	policy.Pinned = pinnedDigests(store, pins)
+	policy.Pinned = pinnedDigests(store, pins, sync)
 	store.SetEviction(policy)
 	for _, m := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pullproxy_store_bytes",
@@ -94,7 +104,8 @@ func startEviction(ctx context.Context, cfg config.File, store *storage.Store, r
 		}
 	}
 	bytes, blobs := store.Usage()
-	log.Info("store bound", "max_size", bound.String(), "pinned_images", len(pins), "store_bytes", bytes, "store_blobs", blobs)
+	log.Info("store bound", "max_size", bound.String(), "pinned_images", len(pins), "synced_images", len(sync.Images()),
+		"store_bytes", bytes, "store_blobs", blobs)
 	if bound.IsOff() || !background {
 		return func() {}, nil
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/proxy"
+	"github.com/pullproxy/pullproxy/proxy/imagesync"
 	"github.com/pullproxy/pullproxy/storage"
 	"github.com/pullproxy/pullproxy/storage/bucket"
 	"github.com/pullproxy/pullproxy/upstream"
@@ -33,6 +34,7 @@ type Mirror struct {
 	Names     []string             // upstreams, as logged: name=endpoints
 	Upstreams []*upstream.Registry // the online ones, for their live state
 	Bucket    *bucket.Bucket       // the shared bucket, when replicas share one; nil: none
+	Sync      *imagesync.Syncer    // the sync rules, run by a server; nil: none configured
 	MaxConns  int                  // client connections the server allows
 
 	reg     *prometheus.Registry
@@ -73,13 +75,6 @@ func Open(ctx context.Context, cfg config.File, log *slog.Logger, requestLog *pr
 	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_store_damaged_blobs_total",
 		Help: "Stored blobs found damaged on disk (wrong size or digest) and quarantined, to be fetched again."},
 		func() float64 { return float64(store.Damaged()) }))
-	evictCtx, stopEviction := context.WithCancel(ctx)
-	waitEviction, err := startEviction(evictCtx, cfg, store, reg, log, background)
-	if err != nil {
-		stopEviction()
-		return nil, err
-	}
-	m.closers = append(m.closers, func() { stopEviction(); waitEviction() })
 	if rate := int64(deref(cfg.ScrubRate)); rate > 0 && background {
 		sc := storage.NewScrubber(store, rate)
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "pullproxy_scrub_read_bytes_total",
@@ -153,12 +148,34 @@ func Open(ctx context.Context, cfg config.File, log *slog.Logger, requestLog *pr
 		m.Upstreams = append(m.Upstreams, r)
 		m.Names = append(m.Names, u.Name+"="+strings.Join(r.Endpoints(), ","))
 	}
+	// The sync rules' state is read before eviction starts: what they
+	// keep is pinned from the first pass.
+	if m.Sync, err = newSyncer(ctx, cfg, m, log); err != nil {
+		return nil, err
+	}
+	evictCtx, stopEviction := context.WithCancel(ctx)
+	waitEviction, err := startEviction(evictCtx, cfg, store, m.Sync, reg, log, background)
+	if err != nil {
+		stopEviction()
+		return nil, err
+	}
+	m.closers = append(m.closers, func() { stopEviction(); waitEviction() })
+
 	srv, err := proxy.New(opts...)
 	if err != nil {
 		return nil, err
 	}
 	m.Server = srv
 	m.closers = append(m.closers, func() { srv.Close() })
+	if background && m.Sync != nil {
+		syncCtx, stopSync := context.WithCancel(ctx)
+		syncDone := make(chan struct{})
+		go func() {
+			defer close(syncDone)
+			m.Sync.Run(syncCtx, srv)
+		}()
+		m.closers = append(m.closers, func() { stopSync(); <-syncDone }) // before the server closes
+	}
 	return m, nil
 }
 
