@@ -335,3 +335,65 @@ sync:
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestSyncedImagesPinned: what a rule keeps is not evicted however much
+// else is pulled through a small store; once its tag moves, the image it
+// kept before is unpinned, and goes as anything else.
+func TestSyncedImagesPinned(t *testing.T) {
+	up := &upstreamLog{n: map[string]int{}}
+	reg := startRegistry(t, registrytest.WithHandlerWrapper(func(h http.Handler) http.Handler { up.next = h; return up }))
+	const layer = 8704 << 10 // 8.5 MiB: an image of two layers is 17 MiB, the store 40
+	push := func(repo, tag string, seed uint64) registrytest.Pushed {
+		img, err := reg.Push(t.Context(), registrytest.Image{Repo: repo, Tag: tag, LayerSizes: []int64{layer, layer}, Seed: seed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return img
+	}
+	old := push("team/app", "v1", 300)
+	var others []registrytest.Pushed
+	for i := range 4 {
+		others = append(others, push("team/other", fmt.Sprintf("o%d", i), uint64(310+i)))
+	}
+	config := writeConfig(t, fmt.Sprintf(`
+max_size: 40MiB
+upstreams:
+  - name: reg.test
+    endpoints:
+      - url: %s
+sync:
+  - upstream: reg.test
+    repository: team/app
+    tags: [v1]
+    interval: 2s
+`, reg.URL()))
+	p := startProxy(t, "--config", config, "--data-dir", t.TempDir())
+	awaitRoundWith(t, p, "fetched_tags=[team/app:v1]", 10*time.Second)
+	for i, img := range others {
+		pullThrough(t, p.URL, "team/other", img, fmt.Sprintf("o%d", i))
+	}
+	if n := metric(t, p.URL, "pullproxy_evicted_blobs_total"); n == 0 {
+		t.Fatal("nothing was evicted: the store is not small enough for this test")
+	}
+	up.take()
+	pullThrough(t, p.URL, "team/app", old, "v1")
+	if got := up.take(); got["GET blobs"] != 0 {
+		t.Errorf("v1, kept by the rule, after 68 MiB through a 40 MiB store: %d upstream blob GETs, want 0", got["GET blobs"])
+	}
+
+	// v1 moves: the new image is kept, the old one goes.
+	moved := push("team/app", "v1", 301)
+	awaitRoundWith(t, p, "fetched_tags=[team/app:v1]", 10*time.Second)
+	for i, img := range others[:3] {
+		pullThrough(t, p.URL, "team/other", img, fmt.Sprintf("o%d", i))
+	}
+	up.take()
+	pullThrough(t, p.URL, "team/app", moved, "v1")
+	if got := up.take(); got["GET blobs"] != 0 {
+		t.Errorf("v1 moved, kept by the rule: %d upstream blob GETs, want 0", got["GET blobs"])
+	}
+	getBody(t, p.URL+"/v2/team/app/blobs/"+old.Layers[0].Digest.String()+"?ns=reg.test")
+	if got := up.take(); got["GET blobs"] == 0 {
+		t.Error("a layer of the image v1 pointed to before it moved is still stored: it was not unpinned")
+	}
+}

@@ -75,12 +75,14 @@ func fix(err error) string {
 }
 
 // countingCore is the core as a round uses it: each image's fetch asked
-// of the guard first, marked as background work, and its bytes counted.
+// of the guard first, pinned while it runs, marked as background work, and
+// its bytes counted.
 type countingCore struct {
 	Core
-	guard   func(ctx context.Context, upstreamName string) error
-	wrap    func(context.Context) context.Context
-	fetched atomic.Int64
+	guard    func(ctx context.Context, upstreamName string) error
+	wrap     func(context.Context) context.Context
+	fetching func(Image) // told of each image before its fetch starts
+	fetched  atomic.Int64
 }
 
 func (c *countingCore) Seed(ctx context.Context, upstreamName, repo, ref string, opts proxy.SeedOptions) (digest.Digest, error) {
@@ -91,6 +93,9 @@ func (c *countingCore) Seed(ctx context.Context, upstreamName, repo, ref string,
 	}
 	if c.wrap != nil {
 		ctx = c.wrap(ctx)
+	}
+	if d, err := digest.Parse(ref); err == nil && c.fetching != nil {
+		c.fetching(Image{Upstream: upstreamName, Repository: repo, Digest: d})
 	}
 	progress := &proxy.SeedProgress{}
 	opts.Progress = progress

@@ -114,6 +114,10 @@ type ruleRun struct {
 	state  ruleState
 	seen   int64 // state.Rounds when this replica last looked; -1: never
 	status RuleStatus
+	// fetching are the images the round in progress fetches: pinned from
+	// the start, or eviction, which a fetch into a full store sets off,
+	// could take the blobs committed first before the round keeps them.
+	fetching []Image
 }
 
 // ruleState is what a rule keeps, as recorded locally and handed on with
@@ -237,6 +241,7 @@ func (s *Syncer) Images() []Image {
 				out = append(out, Image{Upstream: r.sel.Rule().Upstream, Repository: repo, Digest: d})
 			}
 		}
+		out = append(out, r.fetching...)
 		r.mu.Unlock()
 	}
 	slices.SortFunc(out, func(a, b Image) int {
@@ -342,6 +347,7 @@ func (s *Syncer) round(ctx context.Context, core Core, r *ruleRun) time.Duration
 		r.status.Failures = 0
 	}
 	r.setLocked(st)
+	r.fetching = nil
 	r.seen = st.Rounds
 	failures := r.status.Failures
 	r.mu.Unlock()
@@ -375,6 +381,13 @@ func (s *Syncer) round(ctx context.Context, core Core, r *ruleRun) time.Duration
 	log.Info("sync round", "repositories", len(repos), "tags_cached", r.tagsCached(), "fetched_tags", fetched.tags,
 		"dropped_tags", fetched.dropped, "fetched_bytes", fetched.bytes, "took", took.Round(time.Millisecond))
 	return jitter(interval)
+}
+
+// addFetching pins im until the round ends.
+func (r *ruleRun) addFetching(im Image) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fetching = append(r.fetching, im)
 }
 
 func (r *ruleRun) tagsCached() int {
@@ -425,7 +438,7 @@ func (s *Syncer) syncRule(ctx context.Context, core Core, r *ruleRun, kept map[s
 		}
 		repos = listed
 	}
-	counting := &countingCore{Core: core, guard: s.guard, wrap: s.wrap}
+	counting := &countingCore{Core: core, guard: s.guard, wrap: s.wrap, fetching: r.addFetching}
 	var errs []error
 	for _, repo := range repos {
 		if !r.sel.Repository(repo) {
