@@ -46,6 +46,7 @@ func TestLoadErrors(t *testing.T) {
 		{name: "pin of no upstream", file: "pin: [other.io/app:v1]\nupstreams:\n- name: a.io\n  endpoints: [{url: https://a.io}]\n", want: "other.io is not among the upstreams"},
 		{name: "bad max_size", file: "max_size: lots\n", want: "max_size"},
 		{name: "s3 without a bucket", file: "storage: {type: s3}\n", want: "type s3 needs a bucket"},
+		{name: "background_share above 1", file: "fetch: {background_share: 1.5}\n", want: "background_share 1.5 is not in (0, 1]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := load(writeFile(t, tc.file))
