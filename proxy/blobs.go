@@ -234,7 +234,7 @@ func (s *Server) headBlob(w http.ResponseWriter, r *http.Request, rt route, d di
 			s.log.Warn("looking for a blob in the shared bucket: asking the upstream", "digest", d, "err", serr)
 		}
 	}
-	if p, own := s.downloads.lookup(rt, d); p != nil {
+	if p, own := s.downloads.lookup(r.Context(), rt, d); p != nil {
 		if err = s.ownOrInRepository(r.Context(), rt, d, own); err == nil {
 			size, err = p.WaitStarted(r.Context())
 		}

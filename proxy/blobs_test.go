@@ -378,7 +378,7 @@ func TestDownloadOutlivesClient(t *testing.T) {
 	if _, err := io.ReadFull(resp.Body, make([]byte, 100<<10)); err != nil {
 		t.Fatal(err)
 	}
-	p, _ := e.srv.downloads.lookup(route{up: e.srv.upstreams[upstreamName], repo: "test/app"}, b.digest)
+	p, _ := e.srv.downloads.lookup(t.Context(), route{up: e.srv.upstreams[upstreamName], repo: "test/app"}, b.digest)
 	resp.Body.Close() // hang up mid-blob
 	if p == nil {
 		t.Fatal("no download in flight while the upstream is held")

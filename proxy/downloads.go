@@ -31,6 +31,11 @@ var errStored = errors.New("blob already stored")
 // fetched once however many clients ask for it; the fetch runs on the
 // server's context, not a client's, so it finishes even if every client
 // hangs up, and its bytes are committed for the next one.
+//
+// A download started by background work (upstream.IsBackground, a sync)
+// fetches at background priority; once a caller who is not background
+// joins it, it is promoted for the rest of its life, mid-fetch: a client
+// is never kept waiting at a sync's priority.
 type downloads struct {
 	srv     *Server
 	timeout time.Duration
@@ -48,6 +53,9 @@ type download struct {
 	finished chan struct{} // closed once the download has left the table
 	partial  *storage.Partial
 	err      error
+	// prio is the fetch's: background while only background callers
+	// wait on it.
+	prio *upstream.Priority
 	// alone: fetched without the shared bucket, whose bytes failed
 	// verification in the attempt before.
 	alone bool
@@ -67,7 +75,7 @@ func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (conten
 		t.mu.Lock()
 		dl, running := t.m[d]
 		if !running {
-			dl = newDownload(rt)
+			dl = newDownload(rt, upstream.IsBackground(ctx))
 			t.m[d] = dl
 		}
 		t.mu.Unlock()
@@ -81,6 +89,7 @@ func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (conten
 		if err := t.srv.ownOrInRepository(ctx, rt, d, own); err != nil {
 			return nil, false, err
 		}
+		dl.joined(ctx)
 		select {
 		case <-dl.ready:
 		case <-ctx.Done():
@@ -105,8 +114,19 @@ func (t *downloads) join(ctx context.Context, rt route, d digest.Digest) (conten
 	}
 }
 
-func newDownload(rt route) *download {
-	return &download{upstream: rt.up.Name(), repo: rt.repo, ready: make(chan struct{}), finished: make(chan struct{})}
+// newDownload returns a download for rt, at background priority if
+// background.
+func newDownload(rt route, background bool) *download {
+	return &download{upstream: rt.up.Name(), repo: rt.repo, ready: make(chan struct{}), finished: make(chan struct{}),
+		prio: upstream.NewPriority(background)}
+}
+
+// joined records that a caller with ctx waits on dl: one that is not
+// background promotes it.
+func (dl *download) joined(ctx context.Context) {
+	if !upstream.IsBackground(ctx) {
+		dl.prio.Promote()
+	}
 }
 
 // owned reports whether the download was started for rt's upstream and repository.
@@ -147,12 +167,12 @@ func (t *downloads) run(rt route, dl *download) {
 	defer t.srv.wg.Done()
 	p := dl.partial
 	d := p.Digest()
-	ctx, cancel := context.WithTimeout(t.srv.ctx, t.timeout)
+	ctx, cancel := context.WithTimeout(upstream.WithPriority(t.srv.ctx, dl.prio), t.timeout)
 	defer cancel()
 	start := time.Now()
 	log := t.srv.log.With("upstream", rt.up.Name(), "repo", rt.repo, "digest", d)
 	resumed := p.Written()
-	log.Info("blob download started", "resumed_at", resumed)
+	log.Info("blob download started", "resumed_at", resumed, "background", dl.prio.Background())
 
 	var report upstream.FetchReport
 	fetch := func(ctx context.Context) (err error) {
@@ -209,7 +229,7 @@ func (t *downloads) run(rt route, dl *download) {
 		// that a client asking while Finish removes the bad copy joins it
 		// rather than starting one that reads that copy again.
 		log.Warn("blob failed verification with bytes from the shared bucket in it: fetching it again from the upstream alone", "err", err)
-		t.restartWith(rt, d, true, dl)
+		t.restartWith(rt, d, true, dl, dl.prio.Background())
 	} else {
 		t.remove(d, dl)
 	}
@@ -233,7 +253,7 @@ func (t *downloads) run(rt route, dl *download) {
 			log.Warn("blob failed verification: fetching it again, from another endpoint or one at a time", "err", err,
 				"corrupt_at", report.SourceEndpoints())
 		}
-		t.restart(rt, d)
+		t.restart(rt, d, dl.prio.Background())
 		return
 	}
 	if err != nil {
@@ -294,13 +314,17 @@ func fetchAttrs(r upstream.FetchReport) []any {
 	return attrs
 }
 
-// restart starts a new download of d unless one is already running.
-func (t *downloads) restart(rt route, d digest.Digest) { t.restartWith(rt, d, false, nil) }
+// restart starts a new download of d unless one is already running, at
+// background priority if background (as the attempt it follows).
+func (t *downloads) restart(rt route, d digest.Digest, background bool) {
+	t.restartWith(rt, d, false, nil, background)
+}
 
 // restartWith starts a new download of d, without the shared bucket if
-// alone, unless one other than ended is running. The new download takes
-// ended's place in the table (nil: none to replace), as remove would end it.
-func (t *downloads) restartWith(rt route, d digest.Digest, alone bool, ended *download) {
+// alone, at background priority if background, unless one other than
+// ended is running. The new download takes ended's place in the table
+// (nil: none to replace), as remove would end it.
+func (t *downloads) restartWith(rt route, d digest.Digest, alone bool, ended *download, background bool) {
 	t.mu.Lock()
 	if cur, running := t.m[d]; running && cur != ended {
 		t.mu.Unlock()
@@ -309,7 +333,7 @@ func (t *downloads) restartWith(rt route, d digest.Digest, alone bool, ended *do
 		}
 		return
 	}
-	dl := newDownload(rt)
+	dl := newDownload(rt, background)
 	dl.alone = alone
 	t.m[d] = dl
 	t.mu.Unlock()
@@ -345,8 +369,9 @@ func (t *downloads) has(d digest.Digest) bool {
 }
 
 // lookup returns the running download of d, if any, without starting one,
-// and whether it is rt's own (see join).
-func (t *downloads) lookup(rt route, d digest.Digest) (content.Reader, bool) {
+// and whether it is rt's own (see join). The caller, with ctx, waits on
+// it: a caller not background promotes it.
+func (t *downloads) lookup(ctx context.Context, rt route, d digest.Digest) (content.Reader, bool) {
 	t.mu.Lock()
 	dl := t.m[d]
 	t.mu.Unlock()
@@ -356,6 +381,7 @@ func (t *downloads) lookup(rt route, d digest.Digest) (content.Reader, bool) {
 	select {
 	case <-dl.ready:
 		if dl.partial != nil { // not a typed nil in the interface
+			dl.joined(ctx)
 			return dl.partial, dl.owned(rt)
 		}
 	default:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1304,7 +1305,7 @@ func TestFetchConfigDefaults(t *testing.T) {
 		t.Fatalf("got %v, want no error", err)
 	}
 	want := FetchConfig{ConnectionBudget: 1 << 20, MaxConnectionBudget: 64 << 20, MinConnectionBudget: 64 << 10, MaxConnections: 64,
-		StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8, MinGoodput: 4 << 10}
+		StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8, MinGoodput: 4 << 10, BackgroundShare: 0.5}
 	if got != want {
 		t.Errorf("defaults: got %+v, want %+v", got, want)
 	}
@@ -1317,7 +1318,7 @@ func TestFetchConfigDefaults(t *testing.T) {
 		t.Errorf("a 16 KiB budget: got floor %v, %v, want %v, no error", small.MinConnectionBudget, err, 16<<10)
 	}
 	kept := FetchConfig{ConnectionBudget: 32 << 10, MaxConnectionBudget: 32 << 10, MinConnectionBudget: 16 << 10, ParallelChunks: 2, MaxConnections: 3,
-		StallTimeout: time.Second, FirstByteTimeout: 3 * time.Second, MaxAttempts: 5, MinGoodput: 1000}
+		StallTimeout: time.Second, FirstByteTimeout: 3 * time.Second, MaxAttempts: 5, MinGoodput: 1000, BackgroundShare: 1}
 	if got, err := kept.withDefaults(); err != nil || got != kept {
 		t.Errorf("settings given: got %+v, %v, want %+v, no error", got, err, kept)
 	}
@@ -1332,6 +1333,9 @@ func TestFetchConfigDefaults(t *testing.T) {
 		{MinConnectionBudget: 2 << 20},                      // above the default budget
 		{ConnectionBudget: 128 << 20},                       // above the default maximum
 		{ConnectionBudget: 1 << 20, MaxConnectionBudget: 1}, // maximum below the budget
+		{BackgroundShare: -0.5},
+		{BackgroundShare: 1.5},
+		{BackgroundShare: math.NaN()},
 	}
 	for _, c := range bad {
 		if _, err := c.withDefaults(); err == nil {

@@ -59,6 +59,12 @@ type FetchConfig struct {
 	// never goes silent long enough to stall, and would otherwise hold its
 	// place, and the download, indefinitely. Default 4 KiB/s; -1: none.
 	MinGoodput int64
+	// BackgroundShare is the share of an endpoint's chunk connections (of
+	// the limit in force, see pipe) that background fetches (see
+	// WithBackground) may hold at once, at least one; they get a free
+	// connection only after every foreground fetch waiting. Default 0.5;
+	// valid in (0, 1].
+	BackgroundShare float64
 }
 
 // slowAfter is how many stall timeouts a chunk connection runs before its
@@ -87,6 +93,9 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = 8
 	}
+	if c.BackgroundShare == 0 {
+		c.BackgroundShare = 0.5
+	}
 	switch c.MinGoodput {
 	case 0:
 		c.MinGoodput = 4 << 10
@@ -97,6 +106,8 @@ func (c FetchConfig) withDefaults() (FetchConfig, error) {
 	case c.ConnectionBudget < 0 || c.MinConnectionBudget < 0 || c.MaxConnectionBudget < 0 || c.ParallelChunks < 0 || c.MaxConnections < 0 ||
 		c.StallTimeout < 0 || c.FirstByteTimeout < 0 || c.MaxAttempts < 0 || c.MinGoodput < 0:
 		return c, errors.New("fetch settings must not be negative")
+	case !(c.BackgroundShare > 0 && c.BackgroundShare <= 1): // NaN too
+		return c, fmt.Errorf("background_share %v is not in (0, 1]", c.BackgroundShare)
 	case c.MinConnectionBudget > c.ConnectionBudget:
 		return c, fmt.Errorf("min_connection_budget %d is above connection_budget %d", c.MinConnectionBudget, c.ConnectionBudget)
 	case c.MaxConnectionBudget < c.ConnectionBudget:

@@ -34,6 +34,10 @@ import (
 // report names the endpoints that brought bytes. The digest is not checked
 // here: w's owner does that once every byte is in, and reports a mismatch
 // with ReportCorrupt.
+//
+// A ctx marked as background (see WithBackground, WithPriority) fetches at
+// a lower priority than other fetches, within FetchConfig.BackgroundShare
+// of each endpoint's connections, until its Priority is promoted.
 func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, w content.Writer) (FetchReport, error) {
 	var stats fetchStats
 	eps, err := r.usableFor(repo, d)
@@ -41,10 +45,12 @@ func (r *Registry) FetchBlob(ctx context.Context, repo string, d digest.Digest, 
 		return stats.report(nil), err
 	}
 	eps = r.ordered(eps)
+	prio := priorityOf(ctx)
 	for len(eps) > 0 {
 		var group []*endpoint
 		group, eps = r.sourcesOf(eps, d)
 		f := newBlobFetch(r, repo, d, w, &stats, group)
+		f.prio = prio
 		err = f.run(ctx)
 		if err == nil {
 			return stats.report(f.sources), nil
@@ -264,6 +270,7 @@ type blobFetch struct {
 	w       content.Writer
 	stats   *fetchStats // shared by the blob's endpoints; nil: not kept
 	sources []*source
+	prio    *Priority // nil: foreground
 
 	mu      sync.Mutex
 	planner plan.Planner  // the blob's chunks: claimed, in flight, hedged
@@ -693,7 +700,7 @@ func (s *source) worker(ctx context.Context, id int) error {
 			return nil
 		}
 		how := l.plan(s.ep, s.target())
-		c, ok, wait := s.claim(time.Now(), how, pipe.free())
+		c, ok, wait := s.claim(time.Now(), how, pipe.free(s))
 		if !ok {
 			if how.probe != nil {
 				how.probe.failed()

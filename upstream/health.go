@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -197,19 +198,20 @@ func (l *rateLimit) hit(now time.Time, retryAfter time.Duration) {
 }
 
 // recordRateLimit exports Docker Hub's rate-limit headers
-// ("ratelimit-remaining: 76;w=21600") as metrics, and notes a 429.
+// ("ratelimit-remaining: 76;w=21600") as metrics, keeps them for
+// PullsLeft, and notes a 429.
 // https://docs.docker.com/docker-hub/usage/pulls/
 func (r *Registry) recordRateLimit(resp *http.Response) {
-	for header, gauge := range map[string]func(float64){
-		"Ratelimit-Remaining": r.metrics.rateRemaining.WithLabelValues(r.name).Set,
-		"Ratelimit-Limit":     r.metrics.rateLimit.WithLabelValues(r.name).Set,
-	} {
-		if v := resp.Header.Get(header); v != "" {
-			n, _, _ := strings.Cut(v, ";")
-			if f, err := strconv.ParseFloat(strings.TrimSpace(n), 64); err == nil {
-				gauge(f)
-			}
-		}
+	left, okLeft := parseRateLimit(resp.Header.Get("Ratelimit-Remaining"))
+	limit, okLimit := parseRateLimit(resp.Header.Get("Ratelimit-Limit"))
+	if okLeft {
+		r.metrics.rateRemaining.WithLabelValues(r.name).Set(float64(left))
+	}
+	if okLimit {
+		r.metrics.rateLimit.WithLabelValues(r.name).Set(float64(limit))
+	}
+	if okLeft {
+		r.pulls.seen(left, limit, okLimit)
 	}
 	if resp.StatusCode == http.StatusTooManyRequests {
 		retryAfter := parseRetryAfter(resp.Header.Get("Retry-After"))
@@ -217,4 +219,55 @@ func (r *Registry) recordRateLimit(resp *http.Response) {
 		r.log.Warn("the upstream is rate limiting pullproxy: holding off", "retry_after", retryAfter,
 			"fix", "authenticate to the upstream (higher limits), or pre-seed the images")
 	}
+}
+
+// parseRateLimit parses a rate-limit header's count, "76;w=21600" or "76";
+// false when absent or not a count.
+func parseRateLimit(v string) (int64, bool) {
+	if v == "" {
+		return 0, false
+	}
+	n, _, _ := strings.Cut(v, ";")
+	c, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+	if err != nil || c < 0 {
+		return 0, false
+	}
+	return c, true
+}
+
+// pullWindow is the last rate-limit window an upstream told of: pulls left
+// in it, of limit (0: not told).
+type pullWindow struct{ left, limit int64 }
+
+// pullCount keeps the last pullWindow seen. Read without a lock: a caller
+// deciding whether to hold off never waits on a response being recorded.
+type pullCount struct{ last atomic.Pointer[pullWindow] }
+
+// seen records a response's window: left, and limit where the response
+// gave it (else the last limit seen stands). A window like the last is not
+// stored again.
+func (c *pullCount) seen(left, limit int64, gaveLimit bool) {
+	prev := c.last.Load()
+	if !gaveLimit && prev != nil {
+		limit = prev.limit
+	}
+	if prev != nil && prev.left == left && prev.limit == limit {
+		return
+	}
+	c.last.Store(&pullWindow{left: left, limit: limit})
+}
+
+// PullsLeft returns the pulls the upstream last said were left in its
+// rate-limit window, and the window's limit (0 if it did not say), as
+// Docker Hub's ratelimit-remaining and ratelimit-limit headers give them;
+// known is false until an answer carried them. They are the last seen,
+// however old: a HEAD of a manifest, which Docker Hub does not count as a
+// pull, refreshes them. A background caller holds off with them before
+// the window runs dry, leaving the rest to clients.
+func (r *Registry) PullsLeft() (left, limit int64, known bool) {
+	w := r.pulls.last.Load()
+	if w == nil {
+		return 0, 0, false
+	}
+	return w.left, w.limit, true
 }

@@ -51,6 +51,9 @@ func TestRateLimitHonoured(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, _, known := r.PullsLeft(); known {
+		t.Errorf("PullsLeft before any answer: known, want unknown")
+	}
 	for i := range 3 {
 		_, err := r.HeadManifest(t.Context(), "library/alpine", "latest", nil)
 		checkKind(t, err, ErrTooManyRequests)
@@ -66,6 +69,61 @@ func TestRateLimitHonoured(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.rateLimit.WithLabelValues("docker.io")); got != 100 {
 		t.Errorf("ratelimit limit: got %v, want 100", got)
+	}
+	if left, limit, known := r.PullsLeft(); left != 0 || limit != 100 || !known {
+		t.Errorf("PullsLeft: got %d, %d, %v, want 0, 100, true", left, limit, known)
+	}
+}
+
+func TestParseRateLimit(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		header string
+		want   int64
+		ok     bool
+	}{
+		{"76;w=21600", 76, true},
+		{"100", 100, true},
+		{" 5 ;w=60", 5, true},
+		{"0;w=21600", 0, true},
+		{"", 0, false},
+		{"many;w=60", 0, false},
+		{"-1;w=60", 0, false},
+		{"1.5", 0, false},
+	}
+	for _, tt := range tests {
+		if got, ok := parseRateLimit(tt.header); got != tt.want || ok != tt.ok {
+			t.Errorf("parseRateLimit(%q): got %d, %v, want %d, %v", tt.header, got, ok, tt.want, tt.ok)
+		}
+	}
+}
+
+// TestPullsLeft: each answer's window replaces the last; one that gives
+// the pulls left without the limit keeps the last limit.
+func TestPullsLeft(t *testing.T) {
+	t.Parallel()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Registry{name: "docker.io", metrics: m, log: discardLogger}
+	steps := []struct {
+		header      http.Header
+		left, limit int64
+		known       bool
+	}{
+		{http.Header{}, 0, 0, false},
+		{http.Header{"Ratelimit-Limit": {"100;w=21600"}}, 0, 0, false}, // no count left: nothing to go by
+		{http.Header{"Ratelimit-Remaining": {"76;w=21600"}, "Ratelimit-Limit": {"100;w=21600"}}, 76, 100, true},
+		{http.Header{"Ratelimit-Remaining": {"75;w=21600"}}, 75, 100, true},
+		{http.Header{"Ratelimit-Remaining": {"junk"}}, 75, 100, true},
+		{http.Header{"Ratelimit-Remaining": {"199"}, "Ratelimit-Limit": {"200"}}, 199, 200, true},
+	}
+	for i, s := range steps {
+		r.recordRateLimit(&http.Response{StatusCode: http.StatusOK, Header: s.header})
+		if left, limit, known := r.PullsLeft(); left != s.left || limit != s.limit || known != s.known {
+			t.Errorf("answer %d: got %d, %d, %v, want %d, %d, %v", i, left, limit, known, s.left, s.limit, s.known)
+		}
 	}
 }
 

@@ -52,9 +52,22 @@ import (
 // byte, and a node's small blobs are never held behind another's large
 // one. Within a blob, the chunk a client waits for is claimed first (see
 // plan.Planner.Claim).
+//
+// Background sources (a sync's fetches, see Priority) come after every
+// foreground one in that order, and together hold at most share of the
+// limit (at least one slot): a blob a client waits for waits behind them
+// only for the slots they already hold. A source promoted mid-fetch is
+// foreground from then on. A background waiter held back by that cap
+// counts as demand reaching the limit, so that the limit still grows (and
+// is still trimmed) while only background work runs: the cap is a fixed
+// share of the limit, so the slots in use move with it, and a step's
+// goodput is judged as it is for foreground work. Goodput per connection
+// is measured over the slots the window actually had in flight at most,
+// not the limit, which background work alone never fills.
 type pipe struct {
 	log     *slog.Logger
 	max     int
+	share   float64 // of the limit, background sources may hold at once (see backgroundCapLocked)
 	newLane func() *lane
 	// roundTrip is the path's round trip as its data shows it: the least
 	// time from a request's sending to its answer's first byte, lately
@@ -75,11 +88,12 @@ type pipe struct {
 	// Goodput control.
 	winStart   time.Time
 	winBytes   int64 // received at winStart
-	saturated  bool  // demand reached the limit in this window
+	winPeak    int   // the most slots in flight at once in the window
+	saturated  bool  // demand reached the limit, or the background cap, in this window
 	chunkTime  time.Duration
 	lastRate   float64 // goodput of the last saturated window, bytes/s
 	lastAt     time.Time
-	connRate   float64 // lastRate's share per connection slot, as the limit stood then
+	connRate   float64 // lastRate's share per connection slot in flight, as the window had them at most
 	stepped    bool    // the limit grew at the end of the last window, from stepFrom
 	stepOpen   bool    // with stepped: a long path, whose window after the step had the new connections opening
 	shrank     bool    // the limit shrank, from stepFrom, and is to be judged
@@ -184,8 +198,11 @@ const (
 	longPath = 50 * time.Millisecond
 )
 
-func newPipe(maxConns int, newLane func() *lane, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
-	p := &pipe{log: log, max: maxConns, newLane: newLane, limitG: limitG, flightG: flightG, held: map[*source]int{},
+// newPipe returns the pipe of an endpoint with at most maxConns chunk
+// connections at once, of which background sources hold at most share
+// (in (0, 1]).
+func newPipe(maxConns int, share float64, newLane func() *lane, log *slog.Logger, limitG, flightG prometheus.Gauge) *pipe {
+	p := &pipe{log: log, max: maxConns, share: share, newLane: newLane, limitG: limitG, flightG: flightG, held: map[*source]int{},
 		limit: min(initialConnections, maxConns)}
 	limitG.Set(float64(p.limit))
 	return p
@@ -198,22 +215,37 @@ func (p *pipe) acquire(ctx context.Context, owner *source) (*lane, error) {
 	if p.winStart.IsZero() {
 		defer p.judgeStartLocked()() // logged on the way out, the lock released
 	}
-	if p.inflight < p.limit && len(p.waiters) == 0 {
+	if p.inflight < p.limit && len(p.waiters) > 0 {
+		p.wakeLocked() // a waiter promoted since the last wake goes first
+	}
+	if p.inflight < p.limit && p.grantableLocked(owner) {
 		l := p.grantLocked(owner)
 		p.mu.Unlock()
 		return l, nil
 	}
-	p.saturated = true
+	p.saturated = true // the limit, or the background cap, holds demand back (see pipe)
 	w := &pipeWaiter{owner: owner, ready: make(chan struct{})}
 	p.waiters = append(p.waiters, w)
 	p.mu.Unlock()
+	promoted := owner.prio.promotedChan()
 	err := errFinished
-	select {
-	case <-w.ready:
-		return w.lane, nil
-	case <-owner.finished:
-	case <-ctx.Done():
-		err = ctx.Err()
+wait:
+	for {
+		select {
+		case <-w.ready:
+			return w.lane, nil
+		case <-promoted:
+			// No longer capped: a slot the cap held back may be free.
+			promoted = nil
+			p.mu.Lock()
+			p.wakeLocked()
+			p.mu.Unlock()
+		case <-owner.finished:
+			break wait
+		case <-ctx.Done():
+			err = ctx.Err()
+			break wait
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -230,11 +262,49 @@ func (p *pipe) acquire(ctx context.Context, owner *source) (*lane, error) {
 	return nil, err
 }
 
+// grantableLocked reports whether owner may take a free slot at once,
+// ahead of the waiters: a foreground owner may, for the waiters left with
+// a slot free are background ones the cap holds (see wakeLocked); a
+// background one while background sources hold fewer than the cap.
+func (p *pipe) grantableLocked(owner *source) bool {
+	return !owner.prio.Background() || p.backgroundHeldLocked() < p.backgroundCapLocked()
+}
+
+// backgroundCapLocked is how many slots background sources may hold at
+// once: share of the limit, at least one.
+func (p *pipe) backgroundCapLocked() int {
+	return max(1, int(p.share*float64(p.limit)))
+}
+
+// backgroundHeldLocked counts the slots background sources hold. Counted
+// rather than kept: a source promoted mid-fetch leaves the count without
+// telling the pipe. There are as many owners as blobs being fetched.
+func (p *pipe) backgroundHeldLocked() int {
+	n := 0
+	for owner, k := range p.held {
+		if owner.prio.Background() {
+			n += k
+		}
+	}
+	return n
+}
+
+// roomLocked is how many more slots owner could take now: those free,
+// within the background cap for a background owner.
+func (p *pipe) roomLocked(owner *source) int {
+	n := max(p.limit-p.inflight, 0)
+	if owner.prio.Background() {
+		n = min(n, max(p.backgroundCapLocked()-p.backgroundHeldLocked(), 0))
+	}
+	return n
+}
+
 func (p *pipe) grantLocked(owner *source) *lane {
 	if p.winStart.IsZero() { // the first window starts with the first connection
 		p.winStart, p.winBytes = time.Now(), p.received.Load()
 	}
 	p.inflight++
+	p.winPeak = max(p.winPeak, p.inflight)
 	p.held[owner]++
 	p.flightG.Set(float64(p.inflight))
 	if p.inflight >= p.limit {
@@ -304,8 +374,10 @@ func (p *pipe) takeParkedProbesLocked() (parked []*lane) {
 	return parked
 }
 
-// wakeLocked grants free slots to waiters, in the order of beforeLocked.
+// wakeLocked grants free slots to waiters, in the order of beforeLocked,
+// background ones within the cap.
 func (p *pipe) wakeLocked() {
+	bgHeld := -1 // counted once a background waiter is next
 	for p.inflight < p.limit && len(p.waiters) > 0 {
 		best := 0
 		for i, w := range p.waiters {
@@ -314,6 +386,15 @@ func (p *pipe) wakeLocked() {
 			}
 		}
 		w := p.waiters[best]
+		if w.owner.prio.Background() {
+			if bgHeld < 0 {
+				bgHeld = p.backgroundHeldLocked()
+			}
+			if bgHeld >= p.backgroundCapLocked() {
+				return // background waiters come last: every one left is held by the cap
+			}
+			bgHeld++
+		}
 		p.waiters = append(p.waiters[:best], p.waiters[best+1:]...)
 		w.granted = true
 		w.lane = p.grantLocked(w.owner)
@@ -322,11 +403,14 @@ func (p *pipe) wakeLocked() {
 }
 
 // beforeLocked reports whether a free slot goes to a's waiter before b's:
-// a blob holding none first, then the blob with the fewest bytes left,
-// then the one holding fewer.
+// foreground before background, then a blob holding none, then the blob
+// with the fewest bytes left, then the one holding fewer.
 func (p *pipe) beforeLocked(a, b *source) bool {
 	if a == b {
 		return false
+	}
+	if ba, bb := a.prio.Background(), b.prio.Background(); ba != bb {
+		return bb
 	}
 	ha, hb := p.held[a], p.held[b]
 	if (ha == 0) != (hb == 0) {
@@ -343,7 +427,7 @@ func (p *pipe) beforeLocked(a, b *source) bool {
 // changed, if it did, and the window's goodput.
 func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 	if p.winStart.IsZero() {
-		p.winStart, p.winBytes = now, p.received.Load()
+		p.winStart, p.winBytes, p.winPeak = now, p.received.Load(), p.inflight
 		return "", 0
 	}
 	elapsed := now.Sub(p.winStart)
@@ -352,8 +436,8 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 	}
 	bytes := p.received.Load()
 	rate = float64(bytes-p.winBytes) / elapsed.Seconds()
-	saturated := p.saturated
-	p.winStart, p.winBytes, p.saturated = now, bytes, p.inflight >= p.limit || len(p.waiters) > 0
+	saturated, peak := p.saturated, p.winPeak
+	p.winStart, p.winBytes, p.saturated, p.winPeak = now, bytes, p.inflight >= p.limit || len(p.waiters) > 0, p.inflight
 	if !saturated {
 		return "", rate // demand set the goodput, not the limit: no evidence
 	}
@@ -365,7 +449,9 @@ func (p *pipe) tickLocked(now time.Time) (why string, rate float64) {
 	}
 	prevRate, grew, shrank := p.lastRate, p.stepped, p.shrank
 	p.lastRate, p.lastAt, p.stepped, p.shrank = rate, now, false, false
-	p.connRate = rate / float64(max(p.limit, 1))
+	// Per slot in flight: the limit, where foreground demand filled it;
+	// fewer, where only background work ran, held to its cap.
+	p.connRate = rate / float64(max(min(peak, p.limit), 1))
 	switch {
 	case grew && p.stepOpen:
 		// On a long path the step's connections spent the window after it
@@ -625,11 +711,11 @@ func (p *pipe) holdLocked(until time.Time) {
 // add counts chunk bytes received.
 func (p *pipe) add(n int) { p.received.Add(int64(n)) }
 
-// free returns how many more connections the limit lets through now.
-func (p *pipe) free() int {
+// free returns how many more connections the pipe lets owner have now.
+func (p *pipe) free(owner *source) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return max(p.limit-p.inflight, 0)
+	return p.roomLocked(owner)
 }
 
 // pace returns the goodput one of the endpoint's connections brings, as the
@@ -642,7 +728,7 @@ func (p *pipe) pace(owner *source) (float64, int) {
 	if time.Since(p.lastAt) > staleRate {
 		rate = 0
 	}
-	return rate, p.held[owner] + max(p.limit-p.inflight, 0)
+	return rate, p.held[owner] + p.roomLocked(owner)
 }
 
 // chunkTarget returns the size of a chunk on a connection whose budget

@@ -17,7 +17,7 @@ import (
 // newTestPipe returns a pipe to an endpoint whose connections open in a
 // millisecond: a short path, which may be trimmed.
 func newTestPipe(maxConns int) *pipe {
-	p := newPipe(maxConns, func() *lane { return &lane{} }, discardLogger, prometheus.NewGauge(prometheus.GaugeOpts{Name: "limit"}),
+	p := newPipe(maxConns, 0.5, func() *lane { return &lane{} }, discardLogger, prometheus.NewGauge(prometheus.GaugeOpts{Name: "limit"}),
 		prometheus.NewGauge(prometheus.GaugeOpts{Name: "in_flight"}))
 	p.roundTrip = func() time.Duration { return time.Millisecond }
 	return p
@@ -36,9 +36,14 @@ func simulatePath(t *testing.T, p *pipe, workers int, perConn, capacity float64,
 // capacity says what it is now.
 func simulateChangingPath(t *testing.T, p *pipe, workers int, perConn float64, capacity func() float64, chunk int64, d time.Duration) int {
 	t.Helper()
+	return simulateOwnerPath(t, p, &source{blobFetch: &blobFetch{}}, workers, perConn, capacity, chunk, d)
+}
+
+// simulateOwnerPath is simulateChangingPath with owner's workers.
+func simulateOwnerPath(t *testing.T, p *pipe, owner *source, workers int, perConn float64, capacity func() float64, chunk int64, d time.Duration) int {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), d)
 	defer cancel()
-	owner := &source{blobFetch: &blobFetch{}}
 	var mu sync.Mutex
 	peak := 0
 	var wg sync.WaitGroup

@@ -56,6 +56,7 @@ type Registry struct {
 	// the first carry a token up front instead of collecting a 401 each.
 	challenges sync.Map // host → challenge
 	limit      rateLimit
+	pulls      pullCount        // the rate-limit window last told of (see PullsLeft)
 	corrupt    corruptBlobs     // blobs that failed verification, by endpoint
 	now        func() time.Time // the clock corrupt blobs' waits are timed by
 	targets    *targets         // where requests may go besides the endpoints, and with which credentials
@@ -273,7 +274,7 @@ func New(name string, endpoints []string, opts ...Option) (*Registry, error) {
 			region:       region,
 			failoverOnly: o.failover[strings.TrimSuffix(e, "/")],
 			budget:       newBudget(fetch, o.log.With("upstream", name, "endpoint", u.Host), o.metrics.budget.With(labels), o.metrics.cuts.MustCurryWith(labels)),
-			pipe: newPipe(fetch.MaxConnections, r.newLane, o.log.With("upstream", name, "endpoint", u.Host),
+			pipe: newPipe(fetch.MaxConnections, fetch.BackgroundShare, r.newLane, o.log.With("upstream", name, "endpoint", u.Host),
 				o.metrics.connLimit.With(labels), o.metrics.connsInFlight.With(labels)),
 			chunks:    o.metrics.chunks.MustCurryWith(labels),
 			bytes:     o.metrics.endpointBytes.With(labels),

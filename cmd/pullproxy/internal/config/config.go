@@ -72,6 +72,7 @@ type Fetch struct {
 	FirstByteTimeout    time.Duration `yaml:"first_byte_timeout"`
 	MaxAttempts         int           `yaml:"max_attempts"`
 	MinGoodput          ByteSize      `yaml:"min_goodput"` // per second; -1: none
+	BackgroundShare     float64       `yaml:"background_share"`
 }
 
 // Options is the fetch tuning as upstream takes it.
@@ -86,6 +87,7 @@ func (f Fetch) Options() upstream.FetchConfig {
 		FirstByteTimeout:    f.FirstByteTimeout,
 		MaxAttempts:         f.MaxAttempts,
 		MinGoodput:          int64(f.MinGoodput),
+		BackgroundShare:     f.BackgroundShare,
 	}
 }
 
@@ -273,6 +275,9 @@ func (c *File) Validate() error {
 	}
 	if c.FetchTimeout != nil && *c.FetchTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("fetch_timeout %v is not positive", *c.FetchTimeout))
+	}
+	if s := c.Fetch.BackgroundShare; s != 0 && !(s > 0 && s <= 1) {
+		errs = append(errs, fmt.Errorf("fetch: background_share %v is not in (0, 1]", s))
 	}
 	errs = append(errs, c.validateSync(seen)...)
 	return errors.Join(errs...)

@@ -46,6 +46,7 @@ func TestLoadErrors(t *testing.T) {
 		{name: "pin of no upstream", file: "pin: [other.io/app:v1]\nupstreams:\n- name: a.io\n  endpoints: [{url: https://a.io}]\n", want: "other.io is not among the upstreams"},
 		{name: "bad max_size", file: "max_size: lots\n", want: "max_size"},
 		{name: "s3 without a bucket", file: "storage: {type: s3}\n", want: "type s3 needs a bucket"},
+		{name: "background_share above 1", file: "fetch: {background_share: 1.5}\n", want: "background_share 1.5 is not in (0, 1]"},
 		{name: "sync of no upstream", file: "sync: [{upstream: other.io, repository: app}]\nupstreams:\n- name: a.io\n  endpoints: [{url: https://a.io}]\n", want: "sync[0]: upstream other.io is not among the upstreams"},
 		{name: "sync of an offline upstream", file: "sync: [{upstream: a.io, repository: app}]\nupstreams:\n- name: a.io\n  offline: true\n", want: "sync[0]: upstream a.io is offline"},
 		{name: "sync tag pattern not anchored", file: "sync: [{upstream: docker.io, repository: library/nginx, tags: ['^1\\.27']}]\n", want: "sync[0]: tag pattern \"^1\\\\.27\": a regular expression is anchored at both ends"},
