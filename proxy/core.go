@@ -113,7 +113,9 @@ func (s *Server) Repositories(ctx context.Context, upstreamName, prefix string) 
 		return nil, fmt.Errorf("listing the repositories of %s: it is offline", upstreamName)
 	}
 	var repos []string
-	last, n := "", 1000
+	// No n at first: registries bound the page (distribution refuses more
+	// than its maxentries, 100 by default) and say where the next one is.
+	last, n := "", 0
 	for range maxTagPages {
 		page, err := lister.ListRepositories(ctx, n, last)
 		if err != nil {

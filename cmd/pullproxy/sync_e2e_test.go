@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -24,7 +25,7 @@ type syncedUpstream struct {
 
 	mu        sync.Mutex
 	paths     []string // "METHOD path", in order
-	tagPage   int      // > 0: tag lists are asked for in pages of this many
+	tagPage   int      // > 0: tag lists and the catalog are asked for in pages of this many
 	throttle  int      // answer this many more tag lists 429, with Retry-After
 	retryWait int      // the Retry-After sent, in seconds
 	pullsLeft int      // > 0: manifests carry Docker Hub's rate-limit headers, this many left of 100
@@ -38,7 +39,7 @@ func (u *syncedUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if throttled {
 		u.throttle--
 	}
-	if tagList && u.tagPage > 0 {
+	if (tagList || r.URL.Path == "/v2/_catalog") && u.tagPage > 0 {
 		q := r.URL.Query()
 		if n, _ := strconv.Atoi(q.Get("n")); n == 0 || n > u.tagPage {
 			q.Set("n", strconv.Itoa(u.tagPage))
@@ -395,5 +396,86 @@ sync:
 	getBody(t, p.URL+"/v2/team/app/blobs/"+old.Layers[0].Digest.String()+"?ns=reg.test")
 	if got := up.take(); got["GET blobs"] == 0 {
 		t.Error("a layer of the image v1 pointed to before it moved is still stored: it was not unpinned")
+	}
+}
+
+// TestSyncPrefixRule: a rule on team/* syncs every repository the
+// upstream's catalog lists under team/, in pages, and asks nothing of the
+// others.
+func TestSyncPrefixRule(t *testing.T) {
+	up := &syncedUpstream{tagPage: 2}
+	reg := startRegistry(t, registrytest.WithHandlerWrapper(func(h http.Handler) http.Handler { up.next = h; return up }))
+	for i, repo := range []string{"team/a", "team/b/c", "teams/x", "other/y"} {
+		if _, err := reg.Push(t.Context(), registrytest.Image{Repo: repo, Tag: "v1", Seed: uint64(40 + i), LayerSizes: []int64{100 << 10}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	up.asked()
+	config := writeConfig(t, fmt.Sprintf(`
+upstreams:
+  - name: reg.test
+    endpoints:
+      - url: %s
+sync:
+  - upstream: reg.test
+    repository: team/*
+    interval: 2s
+`, reg.URL()))
+	p := startProxy(t, "--config", config, "--data-dir", t.TempDir())
+	awaitRoundWith(t, p, "repositories=2 tags_cached=2", 10*time.Second)
+	for _, want := range []string{"team/a:v1", "team/b/c:v1"} {
+		if !strings.Contains(p.logged(), want) {
+			t.Errorf("%s was not fetched", want)
+		}
+	}
+	catalog := 0
+	for _, a := range up.asked() {
+		if a == "GET /v2/_catalog" {
+			catalog++
+		}
+		if strings.Contains(a, "/teams/") || strings.Contains(a, "/other/") {
+			t.Errorf("a repository outside team/ was asked for: %s", a)
+		}
+	}
+	if catalog < 2 {
+		t.Errorf("the catalog (4 repositories, pages of 2) was asked for %d times, want its pages followed", catalog)
+	}
+}
+
+// TestSyncFailingHoldsNothingBack: with the upstream unreachable from the
+// start, rounds fail with the cause and the fix, are tried again sooner
+// than the interval, and /readyz answers 200 meanwhile.
+func TestSyncFailingHoldsNothingBack(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close() // nothing listens there now: connections are refused
+	config := writeConfig(t, fmt.Sprintf(`
+upstreams:
+  - name: reg.test
+    endpoints:
+      - url: http://%s
+sync:
+  - upstream: reg.test
+    repository: team/app
+    interval: 1m
+`, dead))
+	p := startProxy(t, "--config", config, "--data-dir", t.TempDir())
+	awaitRoundWith(t, p, `msg="sync round failed`, 10*time.Second)
+	// Backing off from an eighth of the minute: the second attempt
+	// within 10 s, not at the interval.
+	awaitRoundWith(t, p, "failures_in_a_row=2", 15*time.Second)
+	if !strings.Contains(p.logged(), "connection refused") || !strings.Contains(p.logged(), `fix="the upstream did not answer`) {
+		t.Errorf("the failed rounds do not say why and what to do:\n%s", p.logged())
+	}
+	resp, err := http.Get(p.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/readyz while sync rounds fail: %s, want 200", resp.Status)
 	}
 }

@@ -296,6 +296,9 @@ func newConfig(dir, addr string) (*configuration.Configuration, error) {
 				"readonly":      map[any]any{"enabled": false},
 			},
 		},
+		// What the YAML parser defaults a deployed registry's to: the
+		// struct's zero value refuses every n and lists nothing.
+		Catalog: configuration.Catalog{MaxEntries: 1000},
 		HTTP: configuration.HTTP{
 			Addr:   addr,
 			Net:    "tcp",

@@ -99,7 +99,8 @@ func TestExampleConfig(t *testing.T) {
 		t.Errorf("got %d upstreams and default %q, want 5 and docker.io", len(cfg.Upstreams), cfg.DefaultUpstream)
 	}
 	want := upstream.FetchConfig{ConnectionBudget: 1 << 20, MaxConnectionBudget: 64 << 20, MinConnectionBudget: 64 << 10,
-		MaxConnections: 64, StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8, MinGoodput: 4 << 10}
+		MaxConnections: 64, StallTimeout: 2 * time.Second, FirstByteTimeout: 10 * time.Second, MaxAttempts: 8, MinGoodput: 4 << 10,
+		BackgroundShare: 0.5}
 	if got := cfg.Fetch.Options(); got != want {
 		t.Errorf("fetch settings: got %+v, want %+v", got, want)
 	}

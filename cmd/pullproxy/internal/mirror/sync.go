@@ -9,6 +9,7 @@ import (
 	"github.com/pullproxy/pullproxy/cmd/pullproxy/internal/config"
 	"github.com/pullproxy/pullproxy/proxy/imagesync"
 	"github.com/pullproxy/pullproxy/storage/bucket"
+	"github.com/pullproxy/pullproxy/upstream"
 )
 
 // newSyncer builds the runner of cfg's sync rules over m's store, shared
@@ -24,13 +25,25 @@ func newSyncer(ctx context.Context, cfg config.File, m *Mirror, log *slog.Logger
 	if err != nil {
 		return nil, err
 	}
-	opts := []imagesync.Option{imagesync.WithLogger(log), imagesync.WithStateStore(m.Store), imagesync.WithMetrics(metrics)}
+	opts := []imagesync.Option{imagesync.WithLogger(log), imagesync.WithStateStore(m.Store), imagesync.WithMetrics(metrics),
+		imagesync.WithFetchContext(upstream.WithBackground), imagesync.WithFetchGuard(imagesync.PullsLeftGuard(m.pullsLeft))}
 	replica, _ := os.Hostname()
 	if m.Bucket != nil {
 		opts = append(opts, imagesync.WithTurns(bucketTurns{m.Bucket}))
 		replica = m.Bucket.Replica()
 	}
 	return imagesync.New(ctx, rules, replica, opts...)
+}
+
+// pullsLeft is what upstreamName's rate-limit window had left at its last
+// answer (Docker Hub's headers), if it said.
+func (m *Mirror) pullsLeft(upstreamName string) (left, limit int64, known bool) {
+	for _, r := range m.Upstreams {
+		if r.Name() == upstreamName {
+			return r.PullsLeft()
+		}
+	}
+	return 0, 0, false
 }
 
 // bucketTurns has replicas sharing a bucket take turns at each rule, with
