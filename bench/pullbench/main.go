@@ -68,6 +68,9 @@ type config struct {
 	// Sources: measure the several-endpoint scenarios (see sources.go),
 	// with the matrix's seeds and clean runs.
 	Sources bool `json:"several_endpoints,omitempty"`
+	// Background: measure a pull beside a sync (see background.go), with
+	// the matrix's seeds.
+	Background bool `json:"beside_sync,omitempty"`
 }
 
 type bench struct {
@@ -123,6 +126,8 @@ func parseFlags() (cfg config, jsonOut, proxyLogs, cpuProfile string) {
 	flag.StringVar(&cfg.MatrixPaths, "matrix-paths", "", "measure only the matrix's paths whose names match this regular expression")
 	flag.BoolVar(&cfg.Sources, "several-endpoints", true, "with -matrix, also pull through an upstream at several endpoints, "+
 		"each behind a path of its own, with the matrix's seeds")
+	flag.BoolVar(&cfg.Background, "beside-sync", true, "with -matrix, also pull beside another node's pull, and beside a sync, "+
+		"of a second image, with the matrix's seeds")
 	flag.BoolVar(&cfg.Extras, "extras", true, "measure the direct pull across the carrier, stalls, the warm pull, coalescing, "+
 		"a kill and memory, at the first RTT")
 	flag.BoolVar(&cfg.Replicas, "replicas", true, "measure two pullproxy replicas sharing a MinIO bucket (a pull through one "+
@@ -193,9 +198,13 @@ func run(ctx context.Context, cfg config, jsonOut, proxyLogs string) error {
 	if cfg.Sources && cfg.MatrixSeeds > 0 {
 		rep.Sources = b.sources(ctx)
 	}
+	if cfg.Background && cfg.MatrixSeeds > 0 {
+		rep.Background = b.background(ctx)
+	}
 	printTable(os.Stdout, rep)
 	printMatrix(os.Stdout, rep)
 	printSources(os.Stdout, rep)
+	printBackground(os.Stdout, rep)
 	if jsonOut != "" {
 		return benchrun.WriteJSON(jsonOut, rep)
 	}

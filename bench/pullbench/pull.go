@@ -64,6 +64,11 @@ func (b *bench) pull(ctx context.Context, target string, hosts hostsFunc) (fetch
 
 // pullOn is pull with a containerd already started (and still empty).
 func (b *bench) pullOn(ctx context.Context, d *containerdtest.Daemon, target string, hosts hostsFunc) (fetch, error) {
+	return b.pullRefOn(ctx, d, target, hosts, b.ref)
+}
+
+// pullRefOn is pullOn of ref rather than the image.
+func (b *bench) pullRefOn(ctx context.Context, d *containerdtest.Daemon, target string, hosts hostsFunc, ref string) (fetch, error) {
 	t, err := startTap(target)
 	if err != nil {
 		return fetch{}, err
@@ -75,7 +80,7 @@ func (b *bench) pullOn(ctx context.Context, d *containerdtest.Daemon, target str
 	}
 	// --debug turns ctr's progress display off: with it, ctr exits only at
 	// the display's next 100 ms tick after the fetch has ended.
-	out, err := d.Ctr(ctx, "--debug", "content", "fetch", "--hosts-dir", hostsDir, b.ref)
+	out, err := d.Ctr(ctx, "--debug", "content", "fetch", "--hosts-dir", hostsDir, ref)
 	end := time.Now()
 	var f fetch
 	if err != nil {

@@ -11,11 +11,12 @@ import (
 // report is what results.json holds.
 type report struct {
 	benchrun.Provenance
-	ImageBytes int64        `json:"image_bytes"`
-	Config     config       `json:"config"`
-	Results    []result     `json:"results"`
-	Matrix     []matrixRow  `json:"matrix,omitempty"`
-	Sources    []sourcesRow `json:"several_endpoints,omitempty"`
+	ImageBytes int64           `json:"image_bytes"`
+	Config     config          `json:"config"`
+	Results    []result        `json:"results"`
+	Matrix     []matrixRow     `json:"matrix,omitempty"`
+	Sources    []sourcesRow    `json:"several_endpoints,omitempty"`
+	Background []backgroundRow `json:"beside_sync,omitempty"`
 }
 
 // printTable prints the figures as Markdown, under what they were measured

@@ -399,14 +399,16 @@ sync:
 	}
 }
 
-// TestSyncPrefixRule: a rule on team/* syncs every repository the
-// upstream's catalog lists under team/, in pages, and asks nothing of the
-// others.
+// TestSyncPrefixRule: a rule on team/* with a semver constraint syncs the
+// versions within it of every repository the upstream's catalog lists
+// under team/, in pages, and asks nothing of the other repositories, nor
+// of the other tags' manifests.
 func TestSyncPrefixRule(t *testing.T) {
 	up := &syncedUpstream{tagPage: 2}
 	reg := startRegistry(t, registrytest.WithHandlerWrapper(func(h http.Handler) http.Handler { up.next = h; return up }))
-	for i, repo := range []string{"team/a", "team/b/c", "teams/x", "other/y"} {
-		if _, err := reg.Push(t.Context(), registrytest.Image{Repo: repo, Tag: "v1", Seed: uint64(40 + i), LayerSizes: []int64{100 << 10}}); err != nil {
+	for i, ref := range []string{"team/a:1.1.0", "team/a:1.2.0", "team/a:latest", "team/b/c:v2.0.1", "teams/x:1.2.0", "other/y:1.2.0"} {
+		repo, tag, _ := strings.Cut(ref, ":")
+		if _, err := reg.Push(t.Context(), registrytest.Image{Repo: repo, Tag: tag, Seed: uint64(40 + i), LayerSizes: []int64{100 << 10}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -419,11 +421,12 @@ upstreams:
 sync:
   - upstream: reg.test
     repository: team/*
+    semver: ">=1.2"
     interval: 2s
 `, reg.URL()))
 	p := startProxy(t, "--config", config, "--data-dir", t.TempDir())
 	awaitRoundWith(t, p, "repositories=2 tags_cached=2", 10*time.Second)
-	for _, want := range []string{"team/a:v1", "team/b/c:v1"} {
+	for _, want := range []string{"team/a:1.2.0", "team/b/c:v2.0.1"} {
 		if !strings.Contains(p.logged(), want) {
 			t.Errorf("%s was not fetched", want)
 		}
@@ -435,6 +438,9 @@ sync:
 		}
 		if strings.Contains(a, "/teams/") || strings.Contains(a, "/other/") {
 			t.Errorf("a repository outside team/ was asked for: %s", a)
+		}
+		if strings.HasSuffix(a, "/manifests/1.1.0") || strings.HasSuffix(a, "/manifests/latest") {
+			t.Errorf("a tag outside the constraint was asked for: %s", a)
 		}
 	}
 	if catalog < 2 {
