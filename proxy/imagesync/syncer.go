@@ -222,10 +222,7 @@ func (r *ruleRun) setLocked(st ruleState) {
 	}
 	r.state = st
 	r.status.Rounds, r.status.LastRound, r.status.LastBy, r.status.LastError = st.Rounds, st.Last, st.By, st.LastError
-	r.status.Repositories, r.status.TagsCached = len(st.Repositories), 0
-	for _, k := range st.Repositories {
-		r.status.TagsCached += len(k)
-	}
+	r.status.Repositories, r.status.TagsCached = len(st.Repositories), st.tags()
 }
 
 // Images returns the images the rules keep cached now; none for a nil s.
@@ -298,48 +295,102 @@ func (s *Syncer) loop(ctx context.Context, core Core, r *ruleRun) {
 // the wait until the next.
 func (s *Syncer) round(ctx context.Context, core Core, r *ruleRun) time.Duration {
 	interval := r.sel.Rule().Interval
-	log := s.log.With("rule", r.name)
+	turn, ok := s.takeTurn(ctx, r)
+	if !ok {
+		return jitter(interval)
+	}
 	roundCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var turn Turn
-	if s.turns != nil {
-		t, err := s.turns.TakeTurn(ctx, "sync/"+r.id, r.wantTurn)
-		switch {
-		case errors.Is(err, ErrTurnTaken), errors.Is(err, ErrTurnNotWanted):
-			log.Debug("sync round left to another replica", "why", err)
-			s.metrics.round(r, "other_replica")
-			s.metrics.observe(r)
-			return jitter(interval)
-		case err != nil:
-			log.Warn("the shared bucket cannot say which replica syncs this rule: syncing here", "err", err)
-		default:
-			turn = t
-			r.mu.Lock()
-			r.adoptLocked(t.State())
-			r.mu.Unlock()
-			go func() {
-				select {
-				case <-t.Lost():
-					cancel()
-				case <-roundCtx.Done():
-				}
-			}()
-		}
+	if turn != nil {
+		go func() {
+			select {
+			case <-turn.Lost():
+				cancel() // another replica runs the rule now
+			case <-roundCtx.Done():
+			}
+		}()
 	}
-
 	start := time.Now()
-	r.mu.Lock()
-	r.status.Running = true
-	before := r.state
-	r.mu.Unlock()
+	before := r.begin()
 	repos, fetched, err := s.syncRule(roundCtx, core, r, before.Repositories)
 	took := time.Since(start)
+	log := s.log.With("rule", r.name)
+	switch {
+	case ctx.Err() != nil:
+		// Shutting down: what the round got so far is kept, and the turn
+		// handed on, but it is no failure.
+		s.record(ctx, r, turn, r.end(before, repos, fetched, nil, took, s.replica))
+		return 0
+	case roundCtx.Err() != nil:
+		r.abandon()
+		log.Info("lost the sync rule's turn mid-round: another replica runs it", "fetched_bytes", fetched.bytes)
+		s.metrics.round(r, "other_replica")
+		return jitter(interval)
+	}
+	st := r.end(before, repos, fetched, err, took, s.replica)
+	s.record(ctx, r, turn, st)
+	s.metrics.addFetched(r, fetched.bytes)
+	s.metrics.observe(r)
+	if err != nil {
+		s.metrics.round(r, "failed")
+		failures := r.failures()
+		wait := backoff(interval, failures, err)
+		log.Warn("sync round failed: the images kept stay cached and pinned; trying again",
+			"err", err, "fix", fix(err), "failures_in_a_row", failures, "retry_in", wait.Round(time.Second),
+			"fetched_tags", fetched.tags, "fetched_bytes", fetched.bytes, "took", took.Round(time.Millisecond))
+		return wait
+	}
+	s.metrics.round(r, "ok")
+	log.Info("sync round", "repositories", len(repos), "tags_cached", st.tags(), "fetched_tags", fetched.tags,
+		"dropped_tags", fetched.dropped, "fetched_bytes", fetched.bytes, "took", took.Round(time.Millisecond))
+	return jitter(interval)
+}
 
+// takeTurn takes r's turn in the shared bucket, if replicas share one,
+// and takes the state the last holder left. It reports false when this
+// replica is not to run the round: another runs it, or ran one lately.
+// Without a bucket, or when it cannot say, the round runs here (nil turn).
+func (s *Syncer) takeTurn(ctx context.Context, r *ruleRun) (Turn, bool) {
+	if s.turns == nil {
+		return nil, true
+	}
+	t, err := s.turns.TakeTurn(ctx, "sync/"+r.id, r.wantTurn)
+	switch {
+	case errors.Is(err, ErrTurnTaken), errors.Is(err, ErrTurnNotWanted):
+		s.log.Debug("sync round left to another replica", "rule", r.name, "why", err)
+		s.metrics.round(r, "other_replica")
+		s.metrics.observe(r)
+		return nil, false
+	case err != nil:
+		s.log.Warn("the shared bucket cannot say which replica syncs this rule: syncing here", "rule", r.name, "err", err)
+		return nil, true
+	}
 	r.mu.Lock()
+	r.adoptLocked(t.State())
+	r.mu.Unlock()
+	return t, true
+}
+
+// begin marks a round of r as running and returns the state it starts
+// from.
+func (r *ruleRun) begin() ruleState {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.Running = true
+	return r.state
+}
+
+// end records the round's outcome: the state it leaves (repos kept, the
+// round counted), and, when err is set, one more failure in a row. It
+// returns that state. The images the round fetched are pinned by the
+// state from now on, or not at all.
+func (r *ruleRun) end(before ruleState, repos map[string]Kept, fetched fetchedTotals, err error, took time.Duration, replica string) ruleState {
+	st := ruleState{Repositories: repos, Rounds: before.Rounds + 1, Last: time.Now(), By: replica}
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.status.Running = false
 	r.status.LastDuration = took
 	r.status.FetchedBytes += fetched.bytes
-	st := ruleState{Repositories: repos, Rounds: before.Rounds + 1, Last: time.Now(), By: s.replica}
 	if err != nil {
 		st.LastError = err.Error()
 		r.status.Failures++
@@ -349,38 +400,38 @@ func (s *Syncer) round(ctx context.Context, core Core, r *ruleRun) time.Duration
 	r.setLocked(st)
 	r.fetching = nil
 	r.seen = st.Rounds
-	failures := r.status.Failures
-	r.mu.Unlock()
-	s.metrics.addFetched(r, fetched.bytes)
-	s.metrics.observe(r)
+	return st
+}
 
+// abandon ends a round whose turn was lost: its state is the new
+// holder's to write.
+func (r *ruleRun) abandon() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.status.Running = false
+	r.fetching = nil
+}
+
+// record keeps st here and hands it on with the turn.
+func (s *Syncer) record(ctx context.Context, r *ruleRun, turn Turn, st ruleState) {
 	raw := mustJSON(st)
 	if s.state != nil {
-		if perr := s.state.PutSyncState(ctx, r.id, raw); perr != nil {
-			log.Warn("recording the sync rule's state: the next start fetches again what moved", "err", perr)
+		if err := s.state.PutSyncState(context.WithoutCancel(ctx), r.id, raw); err != nil {
+			s.log.Warn("recording the sync rule's state: the next start fetches again what moved", "rule", r.name, "err", err)
 		}
 	}
 	if turn != nil {
-		if derr := turn.Done(context.WithoutCancel(ctx), raw); derr != nil {
-			log.Warn("handing on the sync rule's turn: another replica may run the next round from an older state", "err", derr)
+		if err := turn.Done(context.WithoutCancel(ctx), raw); err != nil {
+			s.log.Warn("handing on the sync rule's turn: another replica may run the next round from an older state",
+				"rule", r.name, "err", err)
 		}
 	}
-	if err != nil {
-		result := "failed"
-		if ctx.Err() != nil {
-			return 0
-		}
-		s.metrics.round(r, result)
-		wait := backoff(interval, failures, err)
-		log.Warn("sync round failed: the images kept stay cached and pinned; trying again",
-			"err", err, "fix", fix(err), "failures_in_a_row", failures, "retry_in", wait.Round(time.Second),
-			"fetched_tags", fetched.tags, "fetched_bytes", fetched.bytes, "took", took.Round(time.Millisecond))
-		return wait
-	}
-	s.metrics.round(r, "ok")
-	log.Info("sync round", "repositories", len(repos), "tags_cached", r.tagsCached(), "fetched_tags", fetched.tags,
-		"dropped_tags", fetched.dropped, "fetched_bytes", fetched.bytes, "took", took.Round(time.Millisecond))
-	return jitter(interval)
+}
+
+func (r *ruleRun) failures() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.status.Failures
 }
 
 // addFetching pins im until the round ends.
@@ -390,10 +441,13 @@ func (r *ruleRun) addFetching(im Image) {
 	r.fetching = append(r.fetching, im)
 }
 
-func (r *ruleRun) tagsCached() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.status.TagsCached
+// tags counts the tags st keeps, over every repository.
+func (st ruleState) tags() int {
+	n := 0
+	for _, k := range st.Repositories {
+		n += len(k)
+	}
+	return n
 }
 
 // wantTurn decides, given the state the last holder left, whether this

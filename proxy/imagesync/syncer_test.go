@@ -280,3 +280,95 @@ func TestWantTurn(t *testing.T) {
 		})
 	}
 }
+
+// fakeTurns is a bucket's turns as one replica sees them: held by another
+// while taken is set, else handed out with the state last left.
+type fakeTurns struct {
+	mu    sync.Mutex
+	taken bool   // another replica holds the turn
+	state []byte // what the last holder left
+	done  int    // turns handed back here
+}
+
+type fakeTurn struct {
+	f     *fakeTurns
+	state []byte
+	lost  chan struct{}
+}
+
+func (f *fakeTurns) TakeTurn(ctx context.Context, name string, want func([]byte) bool) (Turn, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.taken {
+		return nil, ErrTurnTaken
+	}
+	if !want(f.state) {
+		return nil, ErrTurnNotWanted
+	}
+	return &fakeTurn{f: f, state: f.state, lost: make(chan struct{})}, nil
+}
+
+func (t *fakeTurn) State() []byte         { return t.state }
+func (t *fakeTurn) Lost() <-chan struct{} { return t.lost }
+func (t *fakeTurn) Done(ctx context.Context, state []byte) error {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	t.f.state, t.f.done = state, t.f.done+1
+	return nil
+}
+
+func (f *fakeTurns) set(taken bool, state []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.taken, f.state = taken, state
+}
+
+// TestSyncerTakesTurns: while another replica holds the rule's turn, this
+// one fetches nothing; once another ran a round, this one takes the state
+// it left (what it keeps is pinned here too) and fetches nothing that did
+// not move; a round it runs hands its state on.
+func TestSyncerTakesTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v1, v2 := digest.FromString("v1"), digest.FromString("v2")
+		core := &fakeCore{tags: map[string]digest.Digest{"v1": v1}}
+		turns := &fakeTurns{taken: true}
+		s, err := New(t.Context(), []Rule{{Upstream: "reg", Repository: "team/app", Interval: time.Minute}}, "here", WithTurns(turns))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runSyncer(t, s, core)
+		time.Sleep(90 * time.Second)
+		synctest.Wait()
+		if got := core.seededSoFar(); len(got) != 0 {
+			t.Fatalf("fetched %v while another replica held the turn", got)
+		}
+
+		// The other ran a round and released the turn: its state is taken.
+		other := ruleState{Repositories: map[string]Kept{"team/app": {"v1": v1}}, Rounds: 4, By: "there"}
+		turns.set(false, mustJSON(other))
+		time.Sleep(time.Minute + 10*time.Second)
+		synctest.Wait()
+		if got := core.seededSoFar(); len(got) != 0 {
+			t.Errorf("fetched %v that the other replica had fetched", got)
+		}
+		if got := imagesOf(s); !slices.Equal(got, []digest.Digest{v1}) {
+			t.Errorf("pinned: got %v, want the other replica's v1", got)
+		}
+
+		// v2 appears: the round here fetches it and hands the state on.
+		core.set("v2", v2)
+		time.Sleep(2 * time.Minute)
+		synctest.Wait()
+		if got := core.seededSoFar(); !slices.Equal(got, []digest.Digest{v2}) {
+			t.Errorf("fetched %v, want v2 alone", got)
+		}
+		turns.mu.Lock()
+		var left ruleState
+		json.Unmarshal(turns.state, &left)
+		done := turns.done
+		turns.mu.Unlock()
+		if done == 0 || left.By != "here" || len(left.Repositories["team/app"]) != 2 || left.Rounds <= 4 {
+			t.Errorf("the state handed on: %+v (%d turns handed back)", left, done)
+		}
+	})
+}
