@@ -85,9 +85,13 @@ func startProxyWith(ctx context.Context, b *bench, upstreamURLs []string, dataDi
 	return p, nil
 }
 
+// stop ends pullproxy and removes its data dir: a full run would
+// otherwise leave tens of GiB, and the disk's fullness would end the runs
+// after it with 507s (pullproxy keeps 15% of the file system free).
 func (p *proxyProcess) stop() {
 	p.Stop()
 	p.closeLog()
+	os.RemoveAll(p.dataDir)
 }
 
 func (p *proxyProcess) kill() {
