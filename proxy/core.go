@@ -186,7 +186,9 @@ func (s *Server) EnsureBlob(ctx context.Context, upstreamName, repo string, d di
 	// failed verification is started again at once (from another
 	// endpoint, or the suspect's ranges from the others), and is joined.
 	progress := landedOnce{landed: landed}
-	for range 4 {
+	// Looks: each failed verification (the suspect's ranges again, then
+	// another endpoint), each errStored, and the last that finds it.
+	for range 8 {
 		size, err := s.blobs.StatBlob(ctx, d)
 		switch v, err := s.blobAllowed(ctx, rt, false, err, true); v {
 		case blobRefused:

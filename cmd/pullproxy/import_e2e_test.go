@@ -242,7 +242,9 @@ func TestImportSIGTERM(t *testing.T) {
 	defer cancel()
 	a := archivetest.NewLayout()
 	var layers []ocispec.Descriptor
-	for i := range 8 {
+	// Enough that the rest of the import outlasts the wait between its
+	// first commit and the signal on a busy machine.
+	for i := range 16 {
 		layers = append(layers, a.Blob(ocispec.MediaTypeImageLayerGzip, archivetest.LayerBytes(uint64(20+i), 16<<20)))
 	}
 	a.Image("registry.test/app/big:v1", 7, layers...)
